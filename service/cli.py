@@ -1,0 +1,95 @@
+"""`grpo-sentinel` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from service.config import ConfigError, load_config
+from telemetry.schema import StepStats
+
+log = logging.getLogger("grpo_sentinel")
+
+EXIT_BAD_INPUT = 2
+
+
+class Progress:
+    """A StepSink: a live status line on a terminal, one plain log line per step otherwise."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.stream = total, stream
+        self.tty = stream.isatty()
+        self.t0 = time.monotonic()
+
+    def on_step(self, s: StepStats) -> None:
+        kl = "-" if math.isnan(s.kl) else f"{s.kl:.4f}"
+        line = (f"step {s.step}/{self.total} reward {s.reward:.3f} kl {kl} loss {s.loss:+.4f} "
+                f"entropy {s.entropy:.3f} zero-signal {s.frac_zero_std:.2f} {s.step_time:.2f}s/step")
+        if s.skipped:
+            line += f" SKIPPED ({s.skipped})"
+        if s.eval is not None:
+            line += f" | sample_acc {s.eval.sample_acc:.3f} greedy {s.eval.greedy_acc:.3f} (n={s.eval.n})"
+        if self.tty:
+            eta = (time.monotonic() - self.t0) / max(s.step, 1) * (self.total - s.step)
+            end = "\n" if s.eval is not None or s.step == self.total else ""
+            self.stream.write(f"\r\033[K{line} eta {eta:.0f}s{end}")
+            self.stream.flush()
+        else:
+            log.info("%s", line)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grpo-sentinel", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run GRPO (with no config: the embedded demo, 300 steps)")
+    train.add_argument("--config", type=Path, help="YAML config (see examples/)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set grpo.beta=0.02 (repeatable)")
+    train.add_argument("--steps", type=int, help="number of optimizer steps (run.steps)")
+    train.add_argument("--out", help="parent folder of run directories (run.out_dir)")
+    train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never reach for a hub
+    return _train(args)
+
+
+def _train(args) -> int:
+    from service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
+
+    try:
+        if args.resume is not None:
+            saved = args.resume / "config.yaml"
+            if not saved.is_file():
+                raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
+            if args.config is not None:
+                raise ConfigError("--resume uses the run's saved config.yaml; drop --config (use --set to change a field)")
+            cfg = load_config(saved, args.overrides, **{"run.steps": args.steps})
+            run_dir = args.resume
+        else:
+            cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
+            run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
+            run_dir = Path(cfg.run.out_dir) / run_id
+            if (run_dir / "config.yaml").exists():
+                raise ConfigError(f"run directory {run_dir} already exists: pick another run.run_id, or --resume it")
+        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps)])
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"grpo-sentinel: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = trainer.run()
+    print(f"run {result.status} at step {result.step}: {result.run_dir}")
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

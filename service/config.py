@@ -1,0 +1,239 @@
+"""One typed config for a run, validated once before anything heavy loads.
+
+Load order: defaults <- YAML file <- `--set a.b=c` overrides <- CLI flags. Every error is
+collected and reported together, each naming the field and, for a misspelt key, the closest
+valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEMO = "demo"  # model.path / data.path value that selects the embedded tiny model and task
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message lists every problem found."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraSettings(_Section):
+    r: int = Field(8, gt=0, description="LoRA rank.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get adapters (Llama/Qwen2 naming).",
+    )
+
+
+class ModelSettings(_Section):
+    path: str = Field(DEMO, description="Local Hugging Face causal-LM directory, or 'demo' for the embedded tiny model.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype. Log-probs, KL and entropy are always computed in float32."
+    )
+    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+    @field_validator("path")
+    @classmethod
+    def _model_dir_exists(cls, v: str) -> str:
+        if v != DEMO:
+            p = Path(v).expanduser()
+            if not p.is_dir():
+                raise ValueError(f"model directory {v!r} does not exist (use 'demo' for the embedded tiny model)")
+            if not (p / "config.json").is_file():
+                raise ValueError(f"{v!r} has no config.json: not a Hugging Face model directory")
+        return v
+
+
+class DataSettings(_Section):
+    path: str = Field(DEMO, description="JSONL of {\"prompt\": ..., \"answer\": ...} rows, or 'demo' (two-digit addition).")
+    eval_path: str | None = Field(None, description="JSONL held-out set; default: carve `eval_size` rows out of `path`.")
+    eval_size: int = Field(200, gt=0, description="Size of the fixed held-out subset that sample_acc is measured on.")
+    verifier: Literal["exact", "numeric", "boxed"] = Field(
+        "exact", description="How a completion is checked: exact string, numeric value, or last \\boxed{} (numeric if both parse)."
+    )
+    prompt_template: str = Field("{prompt}", description="Python format string applied to each row's prompt.")
+
+    @field_validator("path", "eval_path")
+    @classmethod
+    def _file_exists(cls, v: str | None) -> str | None:
+        if v is not None and v != DEMO and not Path(v).expanduser().is_file():
+            raise ValueError(f"dataset file {v!r} does not exist")
+        return v
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_has_prompt(cls, v: str) -> str:
+        if "{prompt}" not in v:
+            raise ValueError("prompt_template must contain '{prompt}'")
+        return v
+
+
+class RewardSpec(_Section):
+    name: str = Field(description="Built-in reward ('correct', 'format') or 'package.module:function'.")
+    weight: float = Field(1.0, description="Weight in the combined reward (weighted sum).")
+
+    @field_validator("name")
+    @classmethod
+    def _resolvable(cls, v: str) -> str:
+        from service.rewards import BUILTIN
+
+        if v in BUILTIN:
+            return v
+        if ":" not in v:
+            close = difflib.get_close_matches(v, BUILTIN, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown reward {v!r}{hint}; built-ins: {sorted(BUILTIN)}, or 'module:function'")
+        module, _, attr = v.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot import reward function {v!r}: {e}") from None
+        if not callable(fn):
+            raise ValueError(f"reward {v!r} is not callable")
+        return v
+
+
+class GRPOSettings(_Section):
+    group_size: int = Field(8, ge=2, description="G: completions sampled per prompt (advantages need >= 2).")
+    prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (batch = prompts_per_step * group_size).")
+    max_new_tokens: int = Field(6, gt=0, description="Completion length cap; a completion without EOS by then is 'truncated'.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs in the loss use the same temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    beta: float = Field(0.04, ge=0, description="KL coefficient (k3 to the adapter-disabled base). 0 skips the reference pass.")
+    eps_low: float = Field(0.2, ge=0, description="Lower clip of the policy ratio (1 - eps_low).")
+    eps_high: float = Field(0.2, ge=0, description="Upper clip of the policy ratio (1 + eps_high); > eps_low is 'clip-higher'.")
+    mu: int = Field(1, ge=1, description="Optimizer updates per batch of samples (inner iterations).")
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = Field(
+        "grpo", description="grpo: per-sequence token mean; dapo: token-level mean; dr_grpo: sum / (sequences * max_new_tokens)."
+    )
+    scale_rewards: Literal["group", "none"] = Field("group", description="Divide advantages by the group's unbiased std + 1e-4, or not.")
+    invalid_reward: Literal["exclude", "fallback"] = Field(
+        "exclude", description="A reward that raises or is NaN/inf/None: drop the sample from its group, or use `reward_fallback`."
+    )
+    reward_fallback: float = Field(0.0, description="Reward used for an invalid sample when invalid_reward = fallback.")
+    micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward chunk (gradients accumulate).")
+
+
+class OptimSettings(_Section):
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to 0 at the last step.")
+    warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+
+
+class RunSettings(_Section):
+    steps: int = Field(300, gt=0, description="Optimizer steps in the run.")
+    seed: int = Field(0, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
+    out_dir: str = Field("runs", description="Parent folder of run directories.")
+    run_id: str | None = Field(None, description="Run directory name; default: timestamp + seed.")
+    sample_every: int = Field(20, gt=0, description="Evaluate sample_acc on the held-out subset every N steps (and at 0).")
+    eval_seed: int = Field(1234, description="Sampling seed of the held-out evaluation (identical at every sampling point).")
+    checkpoint_every: int = Field(50, gt=0, description="Checkpoint every N steps (and at the end and on SIGTERM).")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest complete checkpoints kept on disk.")
+    max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
+
+
+class Config(_Section):
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    data: DataSettings = Field(default_factory=DataSettings)
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="correct", weight=1.0)])
+    grpo: GRPOSettings = Field(default_factory=GRPOSettings)
+    optim: OptimSettings = Field(default_factory=OptimSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        if not self.rewards:
+            raise ValueError("rewards: at least one reward function is needed")
+        if (self.model.path == DEMO) != (self.data.path == DEMO):
+            raise ValueError("model.path and data.path: the demo model only speaks the demo task; set both or neither to 'demo'")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, overrides and error messages
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli: Any) -> Config:
+    """Defaults <- YAML file <- `a.b=c` overrides <- non-None CLI values given as dotted keys."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML:\n{e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level, not {type(raw).__name__}")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set grpo.beta=0.02")
+        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+    for key, value in cli.items():
+        if value is not None:
+            _set_dotted(raw, key, value)
+    return validate(raw)
+
+
+def validate(raw: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e)) from None
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {part!r} is not a section")
+    node[leaf] = value
+
+
+def format_errors(e: ValidationError) -> str:
+    lines = [f"invalid config ({e.error_count()} problem{'s' * (e.error_count() > 1)}):"]
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key{_did_you_mean(err['loc'])}"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+            msg += f" (got {err['input']!r})"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """Walk the model tree along `loc` to the section that rejected the key; suggest its nearest field."""
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        ann = model.model_fields[part].annotation
+        ann = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(model.model_fields)})"

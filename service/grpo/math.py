@@ -1,0 +1,87 @@
+"""GRPO math as pure tensor functions. Shapes: P prompts, G completions each, B = P*G
+sequences, T completion positions, V vocabulary. Masks are float {0, 1}.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADV_EPS = 1e-4  # added to the group std: a group whose rewards are all equal gets advantage 0, not 0/0
+
+
+def group_advantages(rewards: torch.Tensor, valid: torch.Tensor, scale: bool = True) -> torch.Tensor:
+    """A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-4), std unbiased (n-1), over valid samples.
+
+    rewards, valid: [P, G] (invalid rewards may be NaN). Returns [P, G]; invalid samples get 0.
+    A population std (n) would give +-0.9998 for rewards [1,1,0,0] instead of +-0.8659.
+    """
+    r = torch.where(valid.bool(), rewards, torch.zeros_like(rewards))
+    n = valid.sum(dim=1, keepdim=True)  # [P, 1]
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centred = (r - mean) * valid
+    adv = centred
+    if scale:
+        var = centred.pow(2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
+        adv = centred / (var.sqrt() + ADV_EPS)
+    return adv * valid
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature), in float32. logits [B, T, V], tokens [B, T] -> [B, T].
+
+    gather - logsumexp instead of log_softmax: no second [B, T, V] tensor for the log-probs.
+    """
+    z = logits.float() / temperature
+    return z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """H = -sum_v p log p of the un-tempered float32 distribution. [B, T, V] -> [B, T].
+
+    Row chunks bound the float32 temporaries to chunk x V, however long the batch.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for i in range(0, flat.shape[0], chunk):
+        logp = torch.log_softmax(flat[i : i + chunk].float(), dim=-1)
+        out[i : i + chunk] = -(logp.exp() * logp).sum(-1)
+    return out.reshape(logits.shape[:-1])
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - logp; >= 0. [B, T]."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def clipped_surrogate(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO-style clipped objective, negated as a per-token loss. logp, old_logp [B, T], adv [B].
+
+    Returns (loss [B, T], clipped [B, T] as 0/1: the clip bound was the active one).
+    """
+    ratio = torch.exp(logp - old_logp)
+    a = adv.unsqueeze(1)
+    unclipped = ratio * a
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * a
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> torch.Tensor:
+    """Weights w [B, T] such that the batch loss is sum(w * per_token_loss).
+
+    grpo:    mean over each sequence's tokens, then over sequences (short answers weigh more per token)
+    dapo:    mean over all tokens of the batch (every token weighs the same)
+    dr_grpo: sum / (B * max_new_tokens): a constant normaliser, no length bias at all
+    Computing the normaliser once over the whole batch keeps micro-batches (and ranks) exact.
+    """
+    n_seq = mask.shape[0]
+    if loss_type == "grpo":
+        return mask / mask.sum(1, keepdim=True).clamp(min=1) / n_seq
+    if loss_type == "dapo":
+        return mask / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        return mask / (n_seq * max_new_tokens)
+    raise ValueError(f"unknown loss_type {loss_type!r}")

@@ -1,0 +1,158 @@
+"""One GRPO step: rollout -> reward -> advantage -> loss -> guarded update -> StepStats."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from service.config import GRPOSettings
+from service.data import Example
+from service.grpo import math as gm
+from service.grpo.rollout import Rollout, position_ids, sample
+from service.rewards import RewardScorer, Scores
+from telemetry.schema import Samples, StepStats
+
+
+@dataclass
+class Policy:
+    """The trainable state of a run: a peft-wrapped model and what updates it."""
+
+    model: torch.nn.Module  # PeftModel; adapter disabled = the reference
+    tokenizer: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    max_grad_norm: float
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg: GRPOSettings, step: int) -> StepStats:
+    t0 = time.perf_counter()
+    model, G = policy.model, cfg.group_size
+    prompts = [e.prompt for e in examples for _ in range(G)]
+    answers = [e.answer for e in examples for _ in range(G)]
+
+    # 1. Rollout: G samples per prompt from the current policy.
+    model.eval()
+    roll = sample(model, policy.tokenizer, prompts, max_new_tokens=cfg.max_new_tokens,
+                  temperature=cfg.temperature, top_p=cfg.top_p)
+
+    # 2. Rewards, one call per completion and function (see rewards.py for the invalid-value contract).
+    scores = scorer.score(roll.texts, answers, prompts)
+    dev = roll.completion_mask.device
+    valid = torch.as_tensor(scores.valid, device=dev).float()  # [B]
+    rewards = torch.as_tensor(scores.reward, device=dev, dtype=torch.float32)  # [B], NaN where invalid
+
+    # 3. Advantages within each group. Excluded samples get 0 and no loss weight.
+    adv = gm.group_advantages(rewards.view(-1, G), valid.view(-1, G), scale=cfg.scale_rewards == "group").view(-1)
+    mask = roll.completion_mask * valid.unsqueeze(1)  # [B, T] tokens that carry loss
+    weights = gm.token_weights(mask, cfg.loss_type, cfg.max_new_tokens)  # [B, T]
+
+    # 4. Loss and update: mu passes over the same samples, micro-batched; the first pass fixes old_logp.
+    model.train()
+    chunks = [slice(i, i + cfg.micro_batch_size) for i in range(0, len(prompts), cfg.micro_batch_size)]
+    old_logp, ref_logp = {}, {}
+    kl_tok = torch.zeros_like(mask)  # [B, T]
+    ent_tok = torch.zeros_like(mask)
+    clipped_tok = torch.zeros_like(mask)
+    losses = []
+    skipped = "" if valid.any() else "no_scored_samples"
+    for it in range(cfg.mu if not skipped else 0):
+        policy.optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros((), device=dev)
+        for c in chunks:
+            logits = _completion_logits(model, roll, c)  # [b, T, V]
+            logp = gm.token_logprobs(logits, roll.completion_ids[c], cfg.temperature)  # [b, T]
+            if it == 0:
+                old_logp[c.start] = logp.detach()
+                ent_tok[c] = gm.token_entropy(logits)
+                if cfg.beta > 0:
+                    with torch.no_grad(), model.disable_adapter():
+                        ref_logp[c.start] = gm.token_logprobs(_completion_logits(model, roll, c), roll.completion_ids[c], cfg.temperature)
+            per_token, clipped = gm.clipped_surrogate(logp, old_logp[c.start], adv[c], cfg.eps_low, cfg.eps_high)
+            if cfg.beta > 0:
+                kl = gm.k3_kl(logp, ref_logp[c.start])
+                per_token = per_token + cfg.beta * kl
+                kl_tok[c] = kl.detach()
+            chunk_loss = (weights[c] * per_token).sum()
+            chunk_loss.backward()
+            loss += chunk_loss.detach()
+            clipped_tok[c] = torch.maximum(clipped_tok[c], clipped)
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable, policy.max_grad_norm)
+        losses.append(loss)
+        # The guard: a non-finite loss or gradient never reaches the weights (or Adam's moments).
+        if not torch.isfinite(loss + grad_norm).item():
+            policy.optimizer.zero_grad(set_to_none=True)
+            skipped = "nonfinite"
+            break
+        policy.optimizer.step()
+    lr = policy.scheduler.get_last_lr()[0]
+    policy.scheduler.step()
+
+    # 5. Statistics: one device -> host transfer, then plain numpy.
+    per_seq = torch.stack([adv, roll.lengths, roll.truncated.float(), (kl_tok * roll.completion_mask).sum(1),
+                           (ent_tok * roll.completion_mask).sum(1)]).cpu().numpy()
+    host_loss = torch.stack(losses).mean().item() if losses else math.nan
+    host_grad = grad_norm.item() if losses else math.nan
+    clip_frac = ((clipped_tok * mask).sum() / mask.sum().clamp(min=1)).item()
+    return _stats(step, scores, per_seq, G, cfg, policy.model, host_loss, host_grad, clip_frac, lr,
+                  time.perf_counter() - t0, skipped)
+
+
+def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
+    """Logits that predict each completion token: [b, T, V]. logits_to_keep skips the prompt's lm_head."""
+    T = roll.completion_ids.shape[1]
+    am = roll.attention_mask[c]
+    out = model(input_ids=roll.input_ids[c], attention_mask=am, position_ids=position_ids(am), logits_to_keep=T + 1,
+                use_cache=False)
+    return out.logits[:, :-1]
+
+
+def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
+           grad_norm: float, clip_frac: float, lr: float, seconds: float, skipped: str) -> StepStats:
+    adv, length, truncated, kl_sum, ent_sum = per_seq
+    valid, correct, reward = scores.valid, scores.correct, scores.reward
+    # Groups: zero std = no learning signal (fewer than 2 valid samples carries none either).
+    grouped = reward.reshape(-1, G)
+    group_std = np.array([np.std(g[~np.isnan(g)], ddof=1) if (~np.isnan(g)).sum() > 1 else 0.0 for g in grouped])
+    zero = group_std == 0
+    corr_g = correct.reshape(-1, G)
+    n_tok = max(length.sum(), 1.0)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    entropy = ent_sum.sum() / n_tok
+    return StepStats(
+        step=step,
+        reward=float(np.nanmean(reward)) if valid.any() else math.nan,
+        kl=float(kl_sum.sum() / n_tok) if cfg.beta > 0 else math.nan,
+        loss=loss,
+        entropy=float(entropy),
+        entropy_norm=float(entropy / math.log(vocab)),
+        adv_mean=float(adv[valid].mean()) if valid.any() else math.nan,
+        adv_std=float(adv[valid].std(ddof=1)) if valid.sum() > 1 else 0.0,
+        frac_zero_std=float(zero.mean()),
+        frac_zero_std_correct=float((zero & corr_g.all(1)).mean()),
+        frac_zero_std_wrong=float((zero & ~corr_g.any(1)).mean()),
+        train_acc=float(correct.mean()),
+        response_len=float(length.mean()),
+        response_len_correct=float(length[correct].mean()) if correct.any() else math.nan,
+        response_len_wrong=float(length[~correct].mean()) if (~correct).any() else math.nan,
+        truncation_rate=float(truncated.mean()),
+        clip_frac=clip_frac,
+        grad_norm=grad_norm,
+        lr=lr,
+        step_time=seconds,
+        tokens_per_s=float(length.sum() / seconds),
+        invalid_rewards=sum(scores.invalid.values()),
+        skipped=skipped,
+        reward_components={k: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan
+                           for k, v in scores.components.items()},
+        samples=Samples(reward=reward, components=scores.components, advantage=adv, correct=correct, length=length,
+                        truncated=truncated.astype(bool), kl=kl_sum / np.maximum(length, 1),
+                        entropy=ent_sum / np.maximum(length, 1), group_reward_std=group_std),
+    )

@@ -1,0 +1,119 @@
+"""The run record: `steps.csv` (one row per step) and `reward-vs-step.csv` (one row per
+sampling point, first columns `step,reward,kl,loss,sample_acc`).
+
+Rows are appended and flushed as they happen. Opening for a resume from step s drops every row
+past s (and a torn last line), so after any crash and resume each step is there exactly once.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+from telemetry.schema import StepStats
+
+CURVE_HEAD = ["step", "reward", "kl", "loss", "sample_acc"]  # the user's required format, in this order
+_NOT_AVERAGED = {"step", "skipped", "eval_n", "sample_acc", "greedy_acc"}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return str(v)
+
+
+class _CsvLog:
+    def __init__(self, path: Path, columns: list[str]):
+        self.path, self.columns = path, columns
+        self._f = None
+
+    def open(self, keep_through: int | None) -> list[dict[str, str]]:
+        """Open for appending. keep_through=None starts fresh; else rows with step > it are dropped."""
+        kept: list[dict[str, str]] = []
+        if keep_through is not None and self.path.exists():
+            with self.path.open(newline="") as f:
+                text = f.read()
+            if not text.endswith("\n"):  # torn last line from a kill mid-write
+                text = text[: text.rfind("\n") + 1]
+            kept = [r for r in csv.DictReader(text.splitlines()) if int(r["step"]) <= keep_through]
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, self.columns, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+        self._f = self.path.open("a", newline="")
+        self._writer = csv.DictWriter(self._f, self.columns, extrasaction="ignore")
+        return kept
+
+    def append(self, row: dict) -> None:
+        self._writer.writerow({k: _fmt(v) for k, v in row.items()})
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+class RunRecord:
+    """Consumes StepStats; writes both CSVs. A curve row averages the steps since the previous one."""
+
+    def __init__(self, run_dir: Path, reward_names: list[str]):
+        step_cols = list(StepStats.__dataclass_fields__)
+        scalar = [c for c in step_cols if c not in ("reward_components", "eval", "samples", "step", "reward", "kl", "loss")]
+        rest = [c for c in scalar if c != "skipped"] + [f"reward_{n}" for n in reward_names]
+        self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["skipped"])
+        self.curve = _CsvLog(run_dir / "reward-vs-step.csv",
+                             CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["steps_in_window", "skipped_in_window"])
+        self._window: list[dict] = []
+
+    def open(self, resume_step: int | None) -> None:
+        rows = self.steps.open(resume_step)
+        curve = self.curve.open(resume_step)
+        last_point = int(curve[-1]["step"]) if curve else -1
+        # Steps after the last curve row belong to the next row's window.
+        self._window = [_parse(r) for r in rows if int(r["step"]) > last_point]
+
+    def write_baseline(self, ev) -> None:
+        self.curve.append({"step": 0, "sample_acc": ev.sample_acc, "greedy_acc": ev.greedy_acc, "eval_n": ev.n,
+                           "steps_in_window": 0, "skipped_in_window": 0})
+
+    def on_step(self, stats: StepStats) -> None:
+        row = stats.row()
+        self.steps.append(row)
+        self._window.append(row)
+        if stats.eval is not None:
+            self.curve.append(self._window_row(row))
+            self._window = []
+
+    def _window_row(self, last: dict) -> dict:
+        out = {k: last[k] for k in ("step", "sample_acc", "greedy_acc", "eval_n")}
+        for k in self.curve.columns:
+            if k in out or k in _NOT_AVERAGED or k not in last:
+                continue
+            values = [r[k] for r in self._window if isinstance(r[k], (int, float)) and not math.isnan(r[k])]
+            out[k] = sum(values) / len(values) if values else math.nan
+        out["steps_in_window"] = len(self._window)
+        out["skipped_in_window"] = sum(bool(r["skipped"]) for r in self._window)
+        return out
+
+    def close(self) -> None:
+        self.steps.close()
+        self.curve.close()
+
+
+def _parse(row: dict[str, str]) -> dict:
+    """A CSV row read back for the open window: numbers as floats, like a fresh StepStats.row()."""
+    out: dict = {}
+    for k, v in row.items():
+        try:
+            out[k] = float(v) if v != "" else math.nan
+        except ValueError:
+            out[k] = v
+    out["skipped"] = row.get("skipped", "")
+    return out

@@ -1,0 +1,234 @@
+"""The training loop: step, evaluate, record, checkpoint; stop cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from service import checkpoint
+from service.config import DEMO, Config
+from service.data import BatchSampler, Datasets, Example, Verifier, load_datasets
+from service.grpo.rollout import sample
+from service.grpo.step import Policy, grpo_step
+from service.record import RunRecord
+from service.rewards import RewardScorer
+from telemetry.interface import StepSink
+from telemetry.schema import Eval, StepStats
+
+log = logging.getLogger(__name__)
+
+EXIT_COMPLETED, EXIT_HALTED, EXIT_PREEMPTED = 0, 3, 75  # 75 = EX_TEMPFAIL: "run me again"
+
+
+@dataclass
+class LoopState:
+    """Everything the loop needs besides weights and optimizer to continue exactly."""
+
+    step: int = 0
+    cursor: int = 0  # position in the (seed, epoch)-shuffled prompt stream
+    consecutive_faults: int = 0
+    faults: dict[str, int] = field(default_factory=dict)  # skipped updates by reason
+    invalid_rewards: int = 0
+    baseline: dict | None = None  # Eval at step 0
+    last_eval: dict | None = None
+    last_eval_step: int = 0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # completed | preempted | halted
+    run_dir: Path
+    step: int
+    exit_code: int
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Each step's randomness derives from (seed, step) alone, so a resumed step samples exactly what
+    the uninterrupted run sampled, whatever happened to the process in between."""
+    return (seed * 1_000_003 + step) % (2**63)
+
+
+def build_policy(cfg: Config) -> Policy:
+    from service.demo import demo_model_dir
+
+    path = demo_model_dir() if cfg.model.path == DEMO else Path(cfg.model.path).expanduser()
+    device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    lora = cfg.model.lora
+    model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    o = cfg.optim
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, o.warmup_steps, cfg.run.steps, o.schedule))
+    return Policy(model, tokenizer, optimizer, scheduler, o.max_grad_norm)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    if schedule == "linear":
+        return max(0.0, 1 - progress)
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return 1.0
+
+
+@torch.no_grad()
+def evaluate(policy: Policy, heldout: list[Example], cfg: Config, batch: int = 256) -> Eval:
+    """Accuracy on the fixed held-out subset: sampled at the training temperature with a fixed seed, and greedy."""
+    verifier = Verifier(cfg.data.verifier)
+    g = cfg.grpo
+    hits = {"sample": 0, "greedy": 0}
+    torch.manual_seed(cfg.run.eval_seed)
+    for i in range(0, len(heldout), batch):
+        part = heldout[i : i + batch]
+        for mode in hits:
+            roll = sample(policy.model, policy.tokenizer, [e.prompt for e in part], max_new_tokens=g.max_new_tokens,
+                          temperature=g.temperature, top_p=g.top_p, greedy=mode == "greedy")
+            hits[mode] += sum(verifier.is_correct(t, e.answer) for t, e in zip(roll.texts, part))
+    n = len(heldout)
+    return Eval(sample_acc=hits["sample"] / n, greedy_acc=hits["greedy"] / n, n=n)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, sinks: Sequence[StepSink] = ()):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.data: Datasets = load_datasets(cfg.data, cfg.run.seed)  # before the model: bad data fails fast
+        self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo)
+        self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
+        self.record = RunRecord(run_dir, [r.name for r in cfg.rewards])
+        self.sinks = [self.record, *sinks]
+        self.policy: Policy | None = None
+        self.state = LoopState()
+        self._stop_signal: int | None = None
+        self._saved_step = -1
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        summary = self._read_summary()
+        if summary.get("status") == "completed" and summary.get("step", 0) >= cfg.run.steps:
+            log.info("run %s already finished at step %d; nothing to do", self.run_dir, summary["step"])
+            return RunResult("completed", self.run_dir, summary["step"], EXIT_COMPLETED)
+        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        self.policy = build_policy(cfg)
+        resumed = self._restore()
+        self.record.open(self.state.step if resumed else None)
+        if not resumed:
+            ev = evaluate(self.policy, self.data.heldout, cfg)
+            self.state.baseline = self.state.last_eval = asdict(ev)
+            self.record.write_baseline(ev)
+            log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        t0 = time.monotonic()
+        try:
+            status = self._loop()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            for sink in self.sinks:
+                sink.close()
+        self._write_summary(status, time.monotonic() - t0)
+        code = {"completed": EXIT_COMPLETED, "halted": EXIT_HALTED, "preempted": EXIT_PREEMPTED}[status]
+        return RunResult(status, self.run_dir, self.state.step, code)
+
+    def _loop(self) -> str:
+        cfg, st = self.cfg, self.state
+        while st.step < cfg.run.steps:
+            if self._stop_signal is not None:
+                log.warning("%s: checkpointing at step %d and exiting (resume with --resume %s)",
+                            signal.Signals(self._stop_signal).name, st.step, self.run_dir)
+                if self._saved_step != st.step:
+                    self._checkpoint()
+                return "preempted"
+            stats = self._train_one()
+            for sink in self.sinks:
+                sink.on_step(stats)
+            if st.consecutive_faults >= cfg.run.max_consecutive_faults:
+                log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
+                self._checkpoint()
+                return "halted"
+            if st.step % cfg.run.checkpoint_every == 0 or st.step == cfg.run.steps:
+                self._checkpoint()
+        return "completed"
+
+    def _train_one(self) -> StepStats:
+        cfg, st = self.cfg, self.state
+        step = st.step + 1
+        torch.manual_seed(step_seed(cfg.run.seed, step))
+        batch = [self.data.train[i] for i in self.sampler.batch(st.cursor, cfg.grpo.prompts_per_step)]
+        stats = grpo_step(self.policy, self.scorer, batch, cfg.grpo, step)
+        st.step, st.cursor = step, st.cursor + len(batch)
+        st.invalid_rewards += stats.invalid_rewards
+        if stats.skipped:
+            st.consecutive_faults += 1
+            st.faults[stats.skipped] = st.faults.get(stats.skipped, 0) + 1
+            log.warning("step %d: update skipped (%s), %d in a row", step, stats.skipped, st.consecutive_faults)
+        else:
+            st.consecutive_faults = 0
+        if step % cfg.run.sample_every == 0 or step == cfg.run.steps:
+            ev = evaluate(self.policy, self.data.heldout, cfg)
+            st.last_eval, st.last_eval_step = asdict(ev), step
+            stats = replace(stats, eval=ev)
+        return stats
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        p = self.policy
+        self._saved_step = self.state.step
+        try:
+            checkpoint.save(self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer, p.scheduler,
+                            asdict(self.state), self.cfg.run.keep_checkpoints)
+        except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
+            log.error("%s", e)
+
+    def _restore(self) -> bool:
+        ckpt = checkpoint.latest(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return False
+        p = self.policy
+        self.state = LoopState(**checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler))
+        log.info("resuming from %s (step %d)", ckpt.path, self.state.step)
+        return True
+
+    def _read_summary(self) -> dict:
+        path = self.run_dir / "summary.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def _write_summary(self, status: str, seconds: float) -> None:
+        st = self.state
+        summary = {
+            "status": status, "step": st.step, "steps": self.cfg.run.steps,
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds_this_session": round(seconds, 1),
+            "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
+            "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,
+        }
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(self.run_dir / "summary.json")
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop_signal is not None:  # a second signal: stop waiting for the step boundary
+            raise KeyboardInterrupt
+        self._stop_signal = signum
+        log.warning("received %s: finishing the current step", signal.Signals(signum).name)

@@ -1,0 +1,15 @@
+"""What the trainer calls. A sink consumes the per-step record; the trainer never knows which
+backends (CSV, OpenTelemetry, health monitor, progress display) are attached.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from telemetry.schema import StepStats
+
+
+class StepSink(Protocol):
+    def on_step(self, stats: StepStats) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,77 @@
+"""The one typed per-step record. Computed once per step on the host; the run record (CSV),
+the OpenTelemetry exporter and the health monitor all read this and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-completion values of one step (B = prompts x G), for distributions and traces."""
+
+    reward: np.ndarray  # [B] combined reward, NaN where the sample was excluded (invalid reward)
+    components: dict[str, np.ndarray]  # reward function -> [B], NaN where it was invalid
+    advantage: np.ndarray  # [B], 0 for excluded samples
+    correct: np.ndarray  # [B] bool
+    length: np.ndarray  # [B] completion tokens, EOS included
+    truncated: np.ndarray  # [B] bool
+    kl: np.ndarray  # [B] token-mean k3 KL of each completion (0 when beta = 0)
+    entropy: np.ndarray  # [B] token-mean entropy of each completion
+    group_reward_std: np.ndarray  # [P] unbiased std of each group's valid rewards
+
+
+@dataclass(frozen=True)
+class Eval:
+    """Held-out evaluation at a sampling point (step 0 = baseline)."""
+
+    sample_acc: float  # completions sampled at the training temperature, fixed seed
+    greedy_acc: float
+    n: int  # subset size: the standard error of sample_acc is sqrt(p(1-p)/n)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One optimizer step. Means are over the step's completions unless the name says tokens."""
+
+    step: int
+    reward: float  # mean combined reward over valid completions
+    kl: float  # token-masked mean k3 KL to the reference (NaN when beta = 0: not measured)
+    loss: float  # the loss actually back-propagated (mean over mu iterations)
+    entropy: float  # token-masked mean entropy, un-tempered float32 logits
+    entropy_norm: float  # entropy / ln(V): 1 is a uniform distribution over the vocabulary
+    adv_mean: float  # must be ~0 (sentinel)
+    adv_std: float  # unbiased; <= 1 under group scaling
+    frac_zero_std: float  # groups with no learning signal (all valid rewards equal)
+    frac_zero_std_correct: float  # ... of which every completion was correct
+    frac_zero_std_wrong: float  # ... of which every completion was wrong
+    train_acc: float  # fraction of the step's completions the verifier accepts
+    response_len: float  # mean completion tokens, all completions
+    response_len_correct: float  # NaN if none correct
+    response_len_wrong: float  # NaN if none wrong
+    truncation_rate: float  # fraction that hit max_new_tokens without EOS
+    clip_frac: float  # fraction of tokens where the ratio clip was active
+    grad_norm: float  # total norm before clipping
+    lr: float
+    step_time: float  # seconds, rollout to optimizer step
+    tokens_per_s: float  # completion tokens generated per second of step time
+    invalid_rewards: int  # reward calls that raised or gave None/NaN/inf this step
+    skipped: str = ""  # why the update was skipped ('nonfinite', 'no_scored_samples'), else ''
+    reward_components: dict[str, float] = field(default_factory=dict)  # function -> mean over valid values
+    eval: Eval | None = None  # set on sampling steps
+    samples: Samples | None = field(default=None, repr=False)
+
+    def row(self) -> dict[str, float | int | str]:
+        """Flat CSV/metric row: scalar fields, then `reward_<fn>` columns, then the eval columns."""
+        out: dict[str, float | int | str] = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples")
+        }
+        out.update({f"reward_{k}": v for k, v in self.reward_components.items()})
+        ev = self.eval
+        out.update(sample_acc=ev.sample_acc if ev else math.nan, greedy_acc=ev.greedy_acc if ev else math.nan,
+                   eval_n=ev.n if ev else "")
+        return out
