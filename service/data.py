@@ -32,18 +32,19 @@ def load_datasets(cfg: DataSettings, seed: int) -> Datasets:
     if cfg.path == DEMO:
         from service.demo import addition_examples
 
-        rows = addition_examples()
+        # Held-out problems come from the tenth the demo's warm-up never saw.
+        seen, unseen = addition_examples(unseen=False), addition_examples(unseen=True)
+        rows, eligible = seen + unseen, range(len(seen), len(seen) + len(unseen))
     else:
         rows = read_jsonl(Path(cfg.path))
+        eligible = range(len(rows))
     rows = [Example(cfg.prompt_template.format(prompt=r.prompt), r.answer) for r in rows]
     if cfg.eval_path is not None:
         heldout = [Example(cfg.prompt_template.format(prompt=r.prompt), r.answer) for r in read_jsonl(Path(cfg.eval_path))]
         return Datasets(train=rows, heldout=heldout[: cfg.eval_size])
-    if len(rows) < cfg.eval_size + 1:
+    if len(eligible) < cfg.eval_size or len(rows) <= cfg.eval_size:
         raise DataError(f"{cfg.path}: {len(rows)} rows cannot give a held-out subset of {cfg.eval_size} and a training set")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    held = set(order[: cfg.eval_size])
+    held = set(random.Random(seed).sample(list(eligible), cfg.eval_size))
     return Datasets(
         train=[r for i, r in enumerate(rows) if i not in held],
         heldout=[rows[i] for i in sorted(held)],

@@ -28,8 +28,10 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     tokenizer.padding_side = "left"  # generation appends on the right, so prompts align there
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    # remove_invalid_values: non-finite logits must not crash sampling; the step's loss guard sees
+    # them again in the training forward pass and skips the update.
     out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, **sampling)
+                         eos_token_id=tokenizer.eos_token_id, remove_invalid_values=True, **sampling)
     prompt_len = enc["input_ids"].shape[1]
     completion = out[:, prompt_len:]
     is_eos = completion == tokenizer.eos_token_id

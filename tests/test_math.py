@@ -1,0 +1,98 @@
+"""Golden values of MISSION.md, with the arithmetic written out."""
+
+import math
+
+import pytest
+import torch
+
+from service.grpo import math as gm
+
+
+def test_advantages_golden_unbiased_std():
+    # rewards [1,1,0,0]: mean 0.5; unbiased var = 4 * 0.25 / 3 = 1/3, std = 0.57735
+    # A = +-0.5 / (0.57735 + 1e-4) = +-0.86588
+    adv = gm.group_advantages(torch.tensor([[1.0, 1, 0, 0]]), torch.ones(1, 4))
+    assert [round(a, 4) for a in adv[0].tolist()] == [0.8659, 0.8659, -0.8659, -0.8659]
+    assert round(adv.mean().item(), 4) == 0.0
+    # std of [a, a, -a, -a] (unbiased) = a * sqrt(4/3) = 0.86588 * 1.15470 = 0.99983
+    assert round(adv.std(unbiased=True).item(), 4) == 0.9998
+
+
+def test_population_std_is_the_known_trap():
+    # With a population std (n): std = 0.5, A = 0.5 / 0.5001 = 0.9998, the wrong answer.
+    r = torch.tensor([1.0, 1, 0, 0])
+    wrong = (r - r.mean()) / (r.std(unbiased=False) + 1e-4)
+    right = gm.group_advantages(r.view(1, 4), torch.ones(1, 4))[0]
+    assert round(wrong[0].item(), 4) == 0.9998
+    assert round(right[0].item(), 4) == 0.8659
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0])
+def test_all_equal_rewards_teach_nothing(value):
+    adv = gm.group_advantages(torch.full((1, 4), value), torch.ones(1, 4))
+    assert adv.abs().max().item() == 0.0
+    assert round(adv.std(unbiased=True).item(), 4) == 0.0
+
+
+def test_invalid_samples_are_excluded_from_the_group_statistics():
+    # Group [1, 1, 0, NaN(invalid)]: statistics over [1, 1, 0] only.
+    # mean 2/3; unbiased var = ((1/3)^2 * 2 + (2/3)^2) / 2 = (2/9 + 4/9) / 2 = 1/3; std 0.57735
+    r = torch.tensor([[1.0, 1.0, 0.0, float("nan")]])
+    valid = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv = gm.group_advantages(r, valid)[0].tolist()
+    s = math.sqrt(1 / 3) + 1e-4
+    assert adv == pytest.approx([(1 / 3) / s, (1 / 3) / s, (-2 / 3) / s, 0.0], abs=1e-6)
+
+
+def test_no_std_scaling_only_centres():
+    adv = gm.group_advantages(torch.tensor([[1.0, 0, 0, 0]]), torch.ones(1, 4), scale=False)
+    assert adv[0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+def test_entropy_golden():
+    # probs = softmax(logits): exp(l) / sum exp(l); H = -sum p ln p; the ceiling is ln 7 = 1.9459
+    logits = torch.tensor([[[0.6667, -2.0, 1.3333, 0.0, -0.6667, 2.0, -1.3333]]])
+    probs = torch.softmax(logits, -1)[0, 0].tolist()
+    assert [round(p, 4) for p in probs] == [0.1295, 0.0090, 0.2522, 0.0665, 0.0341, 0.4912, 0.0175]
+    assert round(gm.token_entropy(logits).item(), 4) == 1.3700
+    assert round(math.log(7), 4) == 1.9459
+    assert gm.token_entropy(torch.zeros(1, 1, 7)).item() == pytest.approx(math.log(7))  # uniform = ceiling
+
+
+def test_entropy_chunking_does_not_change_the_result():
+    logits = torch.randn(3, 5, 11)
+    assert torch.allclose(gm.token_entropy(logits, chunk=2), gm.token_entropy(logits, chunk=1024))
+
+
+def test_token_logprobs_match_log_softmax_with_temperature():
+    logits, tokens = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(gm.token_logprobs(logits, tokens, 0.7), expected, atol=1e-6)
+
+
+def test_k3_kl_is_zero_at_equality_and_never_negative():
+    logp = torch.log(torch.tensor([0.5, 0.1, 0.9]))
+    assert gm.k3_kl(logp, logp).abs().max().item() == 0.0
+    # d = ln(0.5) - ln(0.1) = ln 5: exp(d) - d - 1 = 5 - 1.6094 - 1 = 2.3906
+    assert gm.k3_kl(torch.log(torch.tensor(0.1)), torch.log(torch.tensor(0.5))).item() == pytest.approx(2.3906, abs=1e-4)
+    d = torch.randn(1000) * 5
+    assert (gm.k3_kl(torch.zeros(1000), d) >= 0).all()
+
+
+def test_clipped_surrogate():
+    # ratio e^0.5 = 1.6487 with A = +1 is clipped to 1.2: loss -1.2, clip active.
+    # ratio e^-0.5 = 0.6065 with A = +1: min(0.6065, 0.8) = 0.6065, unclipped.
+    logp = torch.tensor([[0.5, -0.5]])
+    loss, clipped = gm.clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([1.0]), 0.2, 0.2)
+    assert loss[0].tolist() == pytest.approx([-1.2, -math.exp(-0.5)], abs=1e-4)
+    assert clipped[0].tolist() == [1.0, 0.0]
+
+
+def test_token_weights_per_loss_type():
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 0]])  # lengths 4 and 1
+    # grpo: each sequence weighs 1/2, spread over its own tokens
+    assert gm.token_weights(mask, "grpo", 4).tolist() == [[1 / 8] * 4, [1 / 2, 0, 0, 0]]
+    # dapo: 5 tokens, each 1/5
+    assert torch.allclose(gm.token_weights(mask, "dapo", 4), torch.tensor([[0.2] * 4, [0.2, 0, 0, 0]]))
+    # dr_grpo: 1 / (2 sequences * 4 max tokens) = 1/8 per token
+    assert gm.token_weights(mask, "dr_grpo", 4).tolist() == [[1 / 8] * 4, [1 / 8, 0, 0, 0]]
