@@ -69,6 +69,7 @@ def build_policy(cfg: Config) -> Policy:
         tokenizer.pad_token = tokenizer.eos_token
     base = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype)).to(device)
     lora = cfg.model.lora
+    torch.manual_seed(cfg.run.seed)  # LoRA A is randomly initialised: same seed, same run
     model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     o = cfg.optim
