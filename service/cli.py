@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from service.config import ConfigError, load_config
-from telemetry.schema import StepStats
+from telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger("grpo_sentinel")
 
@@ -26,6 +26,9 @@ class Progress:
         self.total, self.stream = total, stream
         self.tty = stream.isatty()
         self.t0 = time.monotonic()
+
+    def start(self, info: RunInfo) -> None:
+        log.info("run %s: %s, loss %s, %d steps", info.run_id, info.model, info.loss_type, self.total)
 
     def on_step(self, s: StepStats) -> None:
         kl = "-" if math.isnan(s.kl) else f"{s.kl:.4f}"
@@ -64,6 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     return _train(args)
 
 
+def telemetry_sinks(cfg) -> list:
+    from telemetry.otel import OTelSink, otlp_exporter_from_env
+
+    t = cfg.telemetry
+    otlp = otlp_exporter_from_env()
+    if not t.prometheus and otlp is None:
+        return []
+    addr = (t.prometheus_host, t.prometheus_port) if t.prometheus else None
+    return [OTelSink(addr, otlp, t.otlp_export_interval_s, t.linger_s)]
+
+
 def _train(args) -> int:
     from service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
 
@@ -82,7 +96,7 @@ def _train(args) -> int:
             run_dir = Path(cfg.run.out_dir) / run_id
             if (run_dir / "config.yaml").exists():
                 raise ConfigError(f"run directory {run_dir} already exists: pick another run.run_id, or --resume it")
-        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps)])
+        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps), *telemetry_sinks(cfg)])
     except (ConfigError, ValueError, OSError) as e:
         print(f"grpo-sentinel: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -147,6 +147,16 @@ class RunSettings(_Section):
     max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
 
 
+class TelemetrySettings(_Section):
+    prometheus: bool = Field(True, description="Serve OpenTelemetry metrics at http://<host>:<port>/metrics for Prometheus.")
+    prometheus_host: str = Field("127.0.0.1", description="Bind address; 0.0.0.0 to be scraped from other hosts (e.g. in a pod).")
+    prometheus_port: int = Field(9464, ge=0, le=65535, description="Port; 0 picks a free one (logged at start).")
+    linger_s: float = Field(0.0, ge=0, description="Keep /metrics up this long after the run ends, so a last scrape sees the final step.")
+    otlp_export_interval_s: float = Field(
+        10.0, gt=0, description="Push interval when OTEL_EXPORTER_OTLP_ENDPOINT is set (protocol per OTEL_EXPORTER_OTLP_PROTOCOL)."
+    )
+
+
 class Config(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
@@ -154,6 +164,7 @@ class Config(_Section):
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from telemetry.schema import StepStats
+from telemetry.schema import RunInfo, StepStats
 
 CURVE_HEAD = ["step", "reward", "kl", "loss", "sample_acc"]  # the user's required format, in this order
 _NOT_AVERAGED = {"step", "skipped", "eval_n", "sample_acc", "greedy_acc"}
@@ -71,6 +71,9 @@ class RunRecord:
         self.curve = _CsvLog(run_dir / "reward-vs-step.csv",
                              CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["steps_in_window", "skipped_in_window"])
         self._window: list[dict] = []
+
+    def start(self, info: RunInfo) -> None:
+        """Nothing to prepare: the files open in `open()`, which knows whether this is a resume."""
 
     def open(self, resume_step: int | None) -> None:
         rows = self.steps.open(resume_step)

@@ -24,7 +24,7 @@ from service.grpo.step import Policy, grpo_step
 from service.record import RunRecord
 from service.rewards import RewardScorer
 from telemetry.interface import StepSink
-from telemetry.schema import Eval, StepStats
+from telemetry.schema import Eval, RunInfo, Scales, StepStats
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,13 @@ def build_policy(cfg: Config) -> Policy:
     return Policy(model, tokenizer, optimizer, scheduler, o.max_grad_norm)
 
 
+def run_info(cfg: Config, run_dir: Path, policy: Policy) -> RunInfo:
+    vocab = policy.model.get_output_embeddings().weight.shape[0]
+    max_reward = max(1.0, sum(max(r.weight, 0.0) for r in cfg.rewards))
+    return RunInfo(run_id=run_dir.name, model=cfg.model.path, loss_type=cfg.grpo.loss_type,
+                   scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=cfg.grpo.max_new_tokens))
+
+
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -131,6 +138,9 @@ class Trainer:
             return RunResult("completed", self.run_dir, summary["step"], EXIT_COMPLETED)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         self.policy = build_policy(cfg)
+        info = run_info(cfg, self.run_dir, self.policy)
+        for sink in self.sinks:
+            sink.start(info)
         resumed = self._restore()
         self.record.open(self.state.step if resumed else None)
         if not resumed:

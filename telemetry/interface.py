@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from telemetry.schema import StepStats
+from telemetry.schema import RunInfo, StepStats
 
 
 class StepSink(Protocol):
+    def start(self, info: RunInfo) -> None: ...
+
     def on_step(self, stats: StepStats) -> None: ...
 
     def close(self) -> None: ...

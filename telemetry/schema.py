@@ -11,6 +11,25 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class Scales:
+    """Run constants that bound the metrics (histogram buckets, normalisations)."""
+
+    max_reward: float  # largest achievable combined reward (sum of positive weights: built-ins score 0/1)
+    ln_vocab: float
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Told to every sink once the model is loaded, before the first step."""
+
+    run_id: str
+    model: str
+    loss_type: str
+    scales: Scales
+
+
+@dataclass(frozen=True)
 class Samples:
     """Per-completion values of one step (B = prompts x G), for distributions and traces."""
 

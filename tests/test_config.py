@@ -93,3 +93,18 @@ def test_cli_rejects_a_dataset_row_without_answer(tmp_path, demo_dir):
                            "--set", f"data.path={data}"), capture_output=True, text=True)
     assert p.returncode == 2
     assert f"{data}:2: row has no 'answer' field" in p.stderr
+
+
+def test_demo_example_spells_out_the_defaults():
+    from conftest import REPO
+
+    assert load_config(REPO / "examples" / "demo.yaml") == load_config()
+
+
+def test_gpu_example_is_valid_except_for_paths_that_live_on_the_node():
+    from conftest import REPO
+
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "examples" / "gpu-qwen-0.5b.yaml")
+    problems = [line.split(":")[0].strip("- ") for line in str(e.value).splitlines()[1:]]
+    assert problems == ["model.path", "data.path", "data.eval_path"]

@@ -1,0 +1,198 @@
+"""The metric catalogue: one row per OpenTelemetry instrument. The OTel sink, docs/metrics.md and
+the checks on dashboards and alert rules all derive from this table.
+
+A row says what one recorded value *is* (per completion, per group, per step), where it comes
+from in StepStats, and, for histograms, its buckets as a function of the run's scales (rewards
+span [0, max reward], entropy [0, ln V], lengths [0, max_new_tokens]).
+
+Why some signals are gauges: the OTel SDK silently drops negative and non-finite values from
+histograms. Advantages, the loss and signed rewards are therefore exported as per-step gauges
+(mean, std), advantages as a histogram of |A|; a histogram value that is negative or non-finite
+is never recorded but counted in `grpo.histogram.rejected{metric, reason}`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from telemetry.schema import Scales, StepStats
+
+
+Points = Iterable[tuple[float, dict[str, str]]]  # (value, attributes)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # histogram | gauge | counter
+    unit: str
+    per: str  # what one recorded value is
+    description: str
+    points: Callable[[StepStats], Points]
+    buckets: Callable[[Scales], list[float]] | None = None
+    initial: tuple[dict[str, str], ...] = ({},)  # counter series created at 0 on start-up
+
+    def prometheus_names(self) -> list[str]:
+        """Names as the OTel Prometheus exporter writes them ('.' -> '_', unit suffix, type suffix)."""
+        base = self.name.replace(".", "_") + {"s": "_seconds"}.get(self.unit, "")
+        return {"histogram": [f"{base}_bucket", f"{base}_sum", f"{base}_count"], "counter": [f"{base}_total"],
+                "gauge": [base]}[self.kind]
+
+
+def _one(field: str) -> Callable[[StepStats], Points]:
+    return lambda s: [(getattr(s, field), {})]
+
+
+def _each(field: str, **attrs: str) -> Callable[[StepStats], Points]:
+    return lambda s: [(float(v), attrs) for v in getattr(s.samples, field)]
+
+
+def _linear(top: Callable[[Scales], float], n: int = 10) -> Callable[[Scales], list[float]]:
+    return lambda sc: [round(top(sc) * i / n, 6) for i in range(1, n + 1)]
+
+
+def _lengths(s: StepStats) -> Points:
+    x = s.samples
+    return [(float(v), {"correct": str(bool(c)).lower()}) for v, c in zip(x.length, x.correct)]
+
+
+def _components(s: StepStats) -> Points:
+    return [(float(v), {"function": name}) for name, vs in s.samples.components.items() for v in vs]
+
+
+def _zero_std(s: StepStats) -> Points:
+    return [(s.frac_zero_std, {"outcome": "any"}), (s.frac_zero_std_correct, {"outcome": "all_correct"}),
+            (s.frac_zero_std_wrong, {"outcome": "all_wrong"})]
+
+
+def _accuracy(s: StepStats) -> Points:
+    return [] if s.eval is None else [(s.eval.sample_acc, {"mode": "sampled"}), (s.eval.greedy_acc, {"mode": "greedy"})]
+
+
+def _skipped(s: StepStats) -> Points:
+    return [(1.0, {"reason": s.skipped})] if s.skipped else []
+
+
+def _tokens(s: StepStats) -> Points:
+    return [(float(s.samples.length.sum()), {})]
+
+
+def _rewards_invalid(s: StepStats) -> Points:
+    return [(float(s.invalid_rewards), {})] if s.invalid_rewards else []
+
+
+_KL_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]  # k3 per token: healthy runs sit < 0.1
+_STD_BUCKETS = lambda sc: [round(sc.max_reward * f, 6) for f in (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)]
+_SECONDS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+
+CATALOGUE: list[Metric] = [
+    # Distributions (histograms, explicit buckets per metric)
+    Metric("grpo.reward", "histogram", "1", "completion", "Combined reward of each valid completion.",
+           _each("reward"), _linear(lambda sc: sc.max_reward)),
+    Metric("grpo.reward.component", "histogram", "1", "completion and reward function",
+           "Each reward function's value per completion (attribute `function`).", _components, _linear(lambda sc: sc.max_reward)),
+    Metric("grpo.kl", "histogram", "1", "completion", "Token-mean k3 KL to the reference of each completion (>= 0).",
+           _each("kl"), lambda sc: _KL_BUCKETS),
+    Metric("grpo.entropy", "histogram", "{nat}", "completion", "Token-mean entropy (un-tempered, nats) of each completion.",
+           _each("entropy"), lambda sc: [round(sc.ln_vocab * f, 6) for f in (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9, 1.0)]),
+    Metric("grpo.advantage.abs", "histogram", "1", "completion", "abs(advantage) of each valid completion (signed values: the gauges).",
+           lambda s: [(abs(float(a)), {}) for a, ok in zip(s.samples.advantage, ~np.isnan(s.samples.reward)) if ok],
+           lambda sc: [0.01, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0]),
+    Metric("grpo.group.reward_std", "histogram", "1", "group", "Unbiased std of each group's valid rewards (0 = no signal).",
+           _each("group_reward_std"), _STD_BUCKETS),
+    Metric("grpo.completion.length", "histogram", "{token}", "completion",
+           "Completion tokens incl. EOS (attribute `correct`).", _lengths,
+           lambda sc: sorted({float(max(1, round(sc.max_new_tokens * i / 10))) for i in range(1, 11)})),
+    Metric("grpo.step.duration", "histogram", "s", "step", "Wall time of a step, rollout to optimizer step.",
+           _one("step_time"), lambda sc: _SECONDS),
+    # Per-step statistics (gauges: signed values and means)
+    Metric("grpo.reward.mean", "gauge", "1", "step", "Mean combined reward over the step's valid completions.", _one("reward")),
+    Metric("grpo.kl.mean", "gauge", "1", "step", "Token-masked mean k3 KL (absent when beta = 0).", _one("kl")),
+    Metric("grpo.loss", "gauge", "1", "step", "The loss actually back-propagated.", _one("loss")),
+    Metric("grpo.entropy.mean", "gauge", "{nat}", "step", "Token-masked mean entropy (nats).", _one("entropy")),
+    Metric("grpo.entropy.normalized", "gauge", "1", "step", "Entropy / ln(V); 1 = uniform over the vocabulary.", _one("entropy_norm")),
+    Metric("grpo.advantage.mean", "gauge", "1", "step", "Mean advantage; must be ~0 (implementation sentinel).", _one("adv_mean")),
+    Metric("grpo.advantage.std", "gauge", "1", "step", "Unbiased std of advantages (<= 1 under group scaling).", _one("adv_std")),
+    Metric("grpo.frac_zero_std", "gauge", "1", "step",
+           "Fraction of groups with no learning signal (attribute `outcome`: any, all_correct, all_wrong).", _zero_std),
+    Metric("grpo.train_accuracy", "gauge", "1", "step", "Fraction of the step's completions the verifier accepts.", _one("train_acc")),
+    Metric("grpo.sample_acc", "gauge", "1", "sampling point",
+           "Held-out accuracy (attribute `mode`: sampled at the training temperature, or greedy).", _accuracy),
+    Metric("grpo.truncation_rate", "gauge", "1", "step", "Fraction of completions that hit max_new_tokens.", _one("truncation_rate")),
+    Metric("grpo.clip_fraction", "gauge", "1", "step", "Fraction of tokens where the ratio clip was active.", _one("clip_frac")),
+    Metric("grpo.grad_norm", "gauge", "1", "step", "Total gradient norm before clipping.", _one("grad_norm")),
+    Metric("grpo.learning_rate", "gauge", "1", "step", "Learning rate of the step.", _one("lr")),
+    Metric("grpo.tokens_per_second", "gauge", "{token}/s", "step", "Completion tokens generated per second of step time.",
+           _one("tokens_per_s")),
+    Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
+    Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
+           lambda s: []),  # recorded by the sink at on_step time, not from the record
+    # Counters
+    Metric("grpo.steps", "counter", "{step}", "step", "Optimizer steps completed (skipped updates included).",
+           lambda s: [(1.0, {})]),
+    Metric("grpo.completions", "counter", "{completion}", "step", "Completions sampled.",
+           lambda s: [(float(len(s.samples.length)), {})]),
+    Metric("grpo.tokens", "counter", "{token}", "step", "Completion tokens sampled.", _tokens),
+    Metric("grpo.updates.skipped", "counter", "{step}", "step",
+           "Updates skipped (attribute `reason`: nonfinite, no_scored_samples).", _skipped,
+           initial=({"reason": "nonfinite"}, {"reason": "no_scored_samples"})),
+    Metric("grpo.reward.invalid", "counter", "{call}", "step",
+           "Reward calls that raised or returned None/NaN/inf (sample excluded or given the fallback).", _rewards_invalid),
+    Metric("grpo.nonfinite", "counter", "{value}", "step",
+           "Non-finite per-step values (attribute `signal`: loss, grad_norm, reward, kl, entropy).", lambda s: [],
+           initial=tuple({"signal": k} for k in ("loss", "grad_norm", "reward", "kl", "entropy"))),
+    Metric("grpo.histogram.rejected", "counter", "{value}", "value",
+           "Histogram values not recorded because negative or non-finite (attributes `metric`, `reason`).", lambda s: []),
+    Metric("grpo.telemetry.export_failures", "counter", "{export}", "export",
+           "Failed metric exports (attribute `exporter`).", lambda s: [], initial=({"exporter": "otlp"},)),
+]
+
+BY_NAME = {m.name: m for m in CATALOGUE}
+
+
+def nonfinite_signals(s: StepStats) -> list[str]:
+    """Which of the step's core scalars are NaN/inf (kl is legitimately NaN when beta = 0, so it
+    counts only when +-inf)."""
+    if s.skipped == "no_scored_samples":  # nothing was measured: NaN means absent, not overflow
+        return []
+    out = [k for k in ("loss", "grad_norm", "reward", "entropy") if not math.isfinite(getattr(s, k))]
+    return out + (["kl"] if math.isinf(s.kl) else [])
+
+
+def markdown() -> str:
+    """docs/metrics.md, generated: `python -m telemetry.catalogue > docs/metrics.md` (a test checks it)."""
+    lines = [
+        "# Metric catalogue",
+        "",
+        "Generated from `telemetry/catalogue.py`; do not edit by hand. Every instrument is exported through",
+        "OpenTelemetry: scraped at `/metrics` (Prometheus names below, as a real scrape shows them) and/or",
+        "pushed over OTLP (instrument names). Every series also carries `otel_scope_*` labels: aggregate with",
+        "`sum by (le)` / `sum without (otel_scope_name, otel_scope_version)`. The run's resource",
+        "(`service.name`, `service.instance.id`, `grpo.run_id`, `grpo.model`, `grpo.loss_type`) is in `target_info`.",
+        "",
+        "Histograms drop negative and non-finite values in the OTel SDK, so signed signals (advantages, the",
+        "loss) are per-step gauges and advantages also a histogram of |A|; a histogram value that is negative or",
+        "non-finite is counted in `grpo_histogram_rejected_total` instead. Gauges skip NaN values (e.g. KL when",
+        "beta = 0: not measured); non-finite core values are counted in `grpo_nonfinite_total{signal}`.",
+        "",
+        "Recording runs on a worker thread: a step enqueues its record and trains on.",
+        "",
+        "| instrument | Prometheus | kind | unit | one value is | buckets | description |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    example = Scales(max_reward=1.0, ln_vocab=math.log(15), max_new_tokens=6)
+    for m in CATALOGUE:
+        buckets = ", ".join(f"{b:g}" for b in m.buckets(example)) if m.buckets else ""
+        lines.append(f"| `{m.name}` | {' '.join(f'`{n}`' for n in m.prometheus_names())} | {m.kind} | `{m.unit}` | "
+                     f"{m.per} | {buckets} | {m.description} |")
+    lines += ["", "Buckets shown for the demo (max reward 1, V = 15, max_new_tokens = 6); they scale with the run:",
+              "rewards over [0, max reward], entropy over [0, ln V], lengths over [0, max_new_tokens].", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

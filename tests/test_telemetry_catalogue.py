@@ -1,0 +1,92 @@
+"""The catalogue, the docs and the exposition stay in sync; an exact /metrics golden."""
+
+import urllib.request
+
+import numpy as np
+
+from conftest import REPO
+from telemetry import catalogue
+from telemetry.otel import OTelSink
+from telemetry.schema import RunInfo, Samples, Scales, StepStats
+
+
+def test_docs_metrics_md_is_generated_from_the_catalogue():
+    assert (REPO / "docs" / "metrics.md").read_text() == catalogue.markdown(), \
+        "run: python -m telemetry.catalogue > docs/metrics.md"
+
+
+def fixed_step() -> StepStats:
+    # One group of 4: rewards [1, 1, 0, 0] -> advantages +-0.8659 (MISSION golden), lengths 2, 2, 3, 6.
+    a = 0.5 / (np.sqrt(1 / 3) + 1e-4)
+    samples = Samples(reward=np.array([1.0, 1, 0, 0]), components={"correct": np.array([1.0, 1, 0, 0])},
+                      advantage=np.array([a, a, -a, -a]), correct=np.array([True, True, False, False]),
+                      length=np.array([2.0, 2, 3, 6]), truncated=np.array([False, False, False, True]),
+                      kl=np.array([0.0, 0.004, 0.03, 0.3]), entropy=np.array([0.1, 0.2, 0.5, 1.0]),
+                      group_reward_std=np.array([np.sqrt(1 / 3)]))
+    return StepStats(step=7, reward=0.5, kl=0.0835, loss=-0.25, entropy=0.45, entropy_norm=0.45 / np.log(15),
+                     adv_mean=0.0, adv_std=0.9998, frac_zero_std=0.0, frac_zero_std_correct=0.0,
+                     frac_zero_std_wrong=0.0, train_acc=0.5, response_len=3.25, response_len_correct=2.0,
+                     response_len_wrong=4.5, truncation_rate=0.25, clip_frac=0.0, grad_norm=0.5, lr=1e-3,
+                     step_time=0.2, tokens_per_s=65.0, invalid_rewards=0, reward_components={"correct": 0.5},
+                     samples=samples)
+
+
+def scrape_after(steps: list[StepStats]) -> str:
+    sink = OTelSink(("127.0.0.1", 0))
+    sink.start(RunInfo("golden", "demo", "grpo", Scales(max_reward=1.0, ln_vocab=float(np.log(15)), max_new_tokens=6)))
+    for s in steps:
+        sink.on_step(s)
+    sink.flush()
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read().decode()
+    finally:
+        sink.close()
+
+
+def lines_of(text: str, name: str) -> list[str]:
+    """Sample lines of one metric, with the otel_scope labels stripped for readability."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line.rpartition(" ")
+            kept = [kv for kv in labels[labels.find("{") + 1:-1].split(",") if kv and not kv.startswith("otel_scope")]
+            out.append(f"{line[:line.find('{')] if '{' in line else labels}{{{','.join(kept)}}} {value}")
+    return out
+
+
+def test_exposition_golden():
+    text = scrape_after([fixed_step(), fixed_step()])  # two identical steps: counts double
+    # rewards [1,1,0,0] twice: two 0s in every bucket, the 1s only from le=1.0; sum 4, count 8
+    assert lines_of(text, "grpo_reward_bucket") == [
+        f'grpo_reward_bucket{{le="{le}"}} {n}' for le, n in
+        [("0.1", "4.0"), ("0.2", "4.0"), ("0.3", "4.0"), ("0.4", "4.0"), ("0.5", "4.0"), ("0.6", "4.0"),
+         ("0.7", "4.0"), ("0.8", "4.0"), ("0.9", "4.0"), ("1.0", "8.0"), ("+Inf", "8.0")]]
+    assert lines_of(text, "grpo_reward_sum") == ["grpo_reward_sum{} 4.0"]
+    assert lines_of(text, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
+    # lengths: correct [2, 2] and wrong [3, 6] per step; buckets 1..6 for max_new_tokens = 6
+    assert lines_of(text, "grpo_completion_length_bucket")[:7] == [
+        f'grpo_completion_length_bucket{{correct="true",le="{le}"}} {n}' for le, n in
+        [("1.0", "0.0"), ("2.0", "4.0"), ("3.0", "4.0"), ("4.0", "4.0"), ("5.0", "4.0"), ("6.0", "4.0"), ("+Inf", "4.0")]]
+    assert lines_of(text, "grpo_completion_length_sum") == [
+        'grpo_completion_length_sum{correct="true"} 8.0', 'grpo_completion_length_sum{correct="false"} 18.0']
+    # |A| = 0.8659 for all four: in the le=1.0 bucket
+    assert 'grpo_advantage_abs_bucket{le="0.75"} 0.0' in lines_of(text, "grpo_advantage_abs_bucket")
+    assert 'grpo_advantage_abs_bucket{le="1.0"} 8.0' in lines_of(text, "grpo_advantage_abs_bucket")
+    # signed values as gauges, exactly as given
+    assert lines_of(text, "grpo_loss") == ["grpo_loss{} -0.25"]
+    assert lines_of(text, "grpo_frac_zero_std") == [
+        'grpo_frac_zero_std{outcome="any"} 0.0', 'grpo_frac_zero_std{outcome="all_correct"} 0.0',
+        'grpo_frac_zero_std{outcome="all_wrong"} 0.0']
+    assert lines_of(text, "grpo_steps_total") == ["grpo_steps_total{} 2.0"]
+    assert lines_of(text, "grpo_tokens_total") == ["grpo_tokens_total{} 26.0"]  # (2+2+3+6) * 2
+
+
+def test_negative_and_nonfinite_histogram_values_are_counted_not_lost():
+    s = fixed_step()
+    s.samples.kl[0] = -0.5  # impossible for k3, but a custom signal could be signed
+    s.samples.entropy[1] = np.nan
+    text = scrape_after([s])
+    rejected = lines_of(text, "grpo_histogram_rejected_total")
+    assert 'grpo_histogram_rejected_total{metric="grpo.kl",reason="negative"} 1.0' in rejected
+    assert 'grpo_histogram_rejected_total{metric="grpo.entropy",reason="nonfinite"} 1.0' in rejected
+    assert lines_of(text, "grpo_kl_count") == ["grpo_kl_count{} 3.0"]

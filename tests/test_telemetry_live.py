@@ -1,0 +1,164 @@
+"""Real components: a real Prometheus scraping a real trainer; a real OTLP/HTTP receiver; a dead collector."""
+
+import csv
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from telemetry.catalogue import CATALOGUE
+
+STEPS = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def csv_rows(run_dir: Path) -> list[dict]:
+    return list(csv.DictReader((run_dir / "steps.csv").open()))
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """A real Prometheus on 127.0.0.1, scraping every 200 ms; yields (query, target_port)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not installed (.ci/run installs Debian's package)")
+        pytest.skip("prometheus not installed: apt-get install prometheus")
+    target, web = free_port(), free_port()
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 200ms, evaluation_interval: 200ms}\n"
+        f"scrape_configs: [{{job_name: grpo, static_configs: [{{targets: ['127.0.0.1:{target}']}}]}}]\n")
+    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(expr: str) -> list:
+        url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        return json.load(urllib.request.urlopen(url))["data"]["result"]
+
+    deadline = time.monotonic() + 30
+    while True:  # ready when the API answers; never a fixed sleep
+        try:
+            query("up")
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "prometheus did not start"
+            time.sleep(0.1)
+    yield query, target, web
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tmp_path, prometheus, demo_dir):
+    query, target, web = prometheus
+    p = subprocess.run(cli("train", "--steps", str(STEPS), "--out", str(tmp_path), "--set", "run.run_id=r",
+                           "--set", "run.sample_every=10", "--set", f"telemetry.prometheus_port={target}",
+                           "--set", "telemetry.linger_s=2"), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = csv_rows(tmp_path / "r")
+
+    def last(expr: str) -> float:
+        result = query(f"sum(last_over_time({expr}[5m]))")
+        assert result, f"no data for {expr}"
+        return float(result[0]["value"][1])
+
+    names = set(json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/label/__name__/values"))["data"])
+    expected = {n for m in CATALOGUE for n in m.prometheus_names()}
+    assert expected <= names, f"in the catalogue but never scraped: {sorted(expected - names)}"
+    assert {n for n in names if n.startswith("grpo_")} <= expected, "scraped but not in the catalogue"
+
+    assert last("grpo_step") == STEPS
+    assert last("grpo_reward_mean") == pytest.approx(float(rows[-1]["reward"]), abs=1e-5)
+    assert last('grpo_sample_acc{mode="sampled"}') == pytest.approx(float(rows[-1]["sample_acc"]))
+    assert last('grpo_frac_zero_std{outcome="any"}') == pytest.approx(float(rows[-1]["frac_zero_std"]), abs=1e-5)
+    # The per-completion histogram: every completion of every step, so sum / count = mean of the step means
+    # (64 valid completions in each step).
+    assert last("grpo_reward_count") == STEPS * 64
+    mean_reward = sum(float(r["reward"]) for r in rows) / STEPS
+    assert last("grpo_reward_sum") / last("grpo_reward_count") == pytest.approx(mean_reward, abs=1e-5)
+    assert last("grpo_steps_total") == STEPS
+    assert last("grpo_tokens_total") == pytest.approx(sum(float(r["response_len"]) * 64 for r in rows), abs=0.5)
+    info = query("last_over_time(target_info[5m])")
+    assert info and info[0]["metric"]["grpo_run_id"] == "r" and info[0]["metric"]["service_name"] == "grpo-sentinel"
+
+
+class OTLPReceiver(BaseHTTPRequestHandler):
+    """Decodes the real OTLP/HTTP protobuf payload."""
+
+    received: list = []
+
+    def do_POST(self):
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        req = ExportMetricsServiceRequest()
+        req.ParseFromString(body)
+        self.received.append((self.path, req))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_otlp_receiver_gets_the_same_names_and_values(tmp_path, demo_dir):
+    server = HTTPServer(("127.0.0.1", 0), OTLPReceiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
+               OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+    try:
+        p = subprocess.run(cli("train", "--steps", "12", "--out", str(tmp_path), "--set", "run.run_id=r",
+                               "--set", "telemetry.prometheus=false", "--set", "telemetry.otlp_export_interval_s=0.5"),
+                           capture_output=True, text=True, env=env, timeout=600)
+    finally:
+        server.shutdown()
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert OTLPReceiver.received and all(path == "/v1/metrics" for path, _ in OTLPReceiver.received)
+    names, last_reward, resource = set(), None, {}
+    for _, req in OTLPReceiver.received:
+        for rm in req.resource_metrics:
+            resource = {a.key: a.value.string_value for a in rm.resource.attributes}
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    names.add(m.name)
+                    if m.name == "grpo.reward.mean":
+                        last_reward = m.gauge.data_points[-1].as_double
+    assert names == {m.name for m in CATALOGUE}
+    assert last_reward == pytest.approx(float(csv_rows(tmp_path / "r")[-1]["reward"]), abs=1e-5)
+    assert resource["service.name"] == "grpo-sentinel" and resource["grpo.run_id"] == "r"
+
+
+def test_dead_collector_never_stops_training(tmp_path, demo_dir):
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    from service.config import load_config
+    from service.trainer import Trainer
+    from telemetry.otel import OTelSink
+
+    dead = f"http://127.0.0.1:{free_port()}/v1/metrics"  # nothing listens there
+    sink = OTelSink(None, OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
+    cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 20})
+    t0 = time.monotonic()
+    result = Trainer(cfg, tmp_path / "r", sinks=[sink]).run()
+    assert result.status == "completed"
+    assert [r["step"] for r in csv_rows(tmp_path / "r")] == [str(i) for i in range(1, 21)]
+    assert sink.export_failures["otlp"] > 0
+    assert time.monotonic() - t0 < 120  # the exit does not wait out the exporter's retries
