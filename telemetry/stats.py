@@ -1,0 +1,82 @@
+"""The same ruler for latency and rewards: percentiles, summaries, sd, and windowed curve shape.
+
+Scalar helpers take any sequence and never mutate it; window helpers take numpy arrays and are
+vectorised (cumulative sums), so a million-step log costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """Linear interpolation: idx = p/100 * (n-1), between floor and ceil. Empty -> NaN."""
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    idx = p / 100 * (len(s) - 1)
+    lo, hi = math.floor(idx), math.ceil(idx)
+    w = idx - lo
+    return s[lo] * (1 - w) + s[hi] * w
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if len(xs) else math.nan
+
+
+def sd(xs: Sequence[float]) -> float:
+    """Sample standard deviation (n-1); fewer than 2 samples -> 0."""
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+
+
+def summarize(xs: Sequence[float]) -> dict[str, float]:
+    """{n, mean, p5, p50, p95, p99}: the tail that the mean hides. NaNs are ignored."""
+    clean = [float(x) for x in xs if not math.isnan(x)]
+    return {"n": len(clean), "mean": mean(clean), **{f"p{p}": percentile(clean, p) for p in (5, 50, 95, 99)}}
+
+
+def _window_sums(x: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing-window sums of the finite values and their counts; [N] each (window shorter at the start)."""
+    ok = np.isfinite(x)
+    c = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
+    k = np.concatenate([[0], np.cumsum(ok)])
+    i = np.arange(1, len(x) + 1)
+    lo = np.maximum(i - w, 0)
+    return c[i] - c[lo], (k[i] - k[lo]).astype(float)
+
+
+def moving_average(x: np.ndarray, w: int) -> np.ndarray:
+    """Trailing mean over the last w points (NaNs skipped; NaN where the window has none)."""
+    s, n = _window_sums(x, w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, s / n, np.nan)
+
+
+def windowed_sd(x: np.ndarray, w: int) -> np.ndarray:
+    """Trailing sample sd (n-1) over the last w points; 0 where fewer than 2 values."""
+    s, n = _window_sums(x, w)
+    s2, _ = _window_sums(np.where(np.isfinite(x), x, np.nan) ** 2, w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        var = (s2 - s * s / n) / (n - 1)
+    return np.where(n >= 2, np.sqrt(np.clip(var, 0, None)), 0.0)
+
+
+def slope(y: Sequence[float], x: Sequence[float] | None = None) -> float:
+    """Least-squares slope of y on x (default 0..n-1). Fitted on raw values, not differences, so a
+    reward quantised to 1/G still shows its trend. NaNs ignored; fewer than 2 points -> NaN."""
+    y = np.asarray(y, dtype=float)
+    x = np.arange(len(y), dtype=float) if x is None else np.asarray(x, dtype=float)
+    ok = np.isfinite(y) & np.isfinite(x)
+    if ok.sum() < 2:
+        return math.nan
+    x, y = x[ok], y[ok]
+    dx = x - x.mean()
+    denom = (dx * dx).sum()
+    return float((dx * (y - y.mean())).sum() / denom) if denom > 0 else math.nan
