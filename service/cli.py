@@ -61,7 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--steps", type=int, help="number of optimizer steps (run.steps)")
     train.add_argument("--out", help="parent folder of run directories (run.out_dir)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint")
+    diag = sub.add_parser("diagnose", help="read a run log against the health table")
+    diag.add_argument("path", type=Path, help="steps.csv, reward-vs-step.csv, a run directory, a book CSV or a TRL trainer_state.json")
+    diag.add_argument("--format", default="auto", choices=["auto", "sentinel", "book", "trl"])
+    diag.add_argument("--json", action="store_true", help="print {conditions, summary, not_assessable, notes} as JSON, nothing else")
+    diag.add_argument("--report", type=Path, metavar="FILE.md", help="write the markdown monitoring report")
+    diag.add_argument("--window", type=int, default=20, help="smoothing window in steps (default 20)")
+    diag.add_argument("--max-new-tokens", type=int, help="completion cap, if the log does not say (for length_pathology)")
+    diag.add_argument("--vocab-size", type=int, help="V, if the log does not say (entropy ceiling ln V)")
+    diag.add_argument("--eval-n", type=int, help="held-out set size, if the log does not say (accuracy noise)")
     args = parser.parse_args(argv)
+    if args.command == "diagnose":
+        return _diagnose(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never reach for a hub
     return _train(args)
@@ -76,6 +87,30 @@ def telemetry_sinks(cfg) -> list:
         return []
     addr = (t.prometheus_host, t.prometheus_port) if t.prometheus else None
     return [OTelSink(addr, otlp, t.otlp_export_interval_s, t.linger_s)]
+
+
+def _diagnose(args) -> int:
+    import json
+    import math
+
+    from telemetry.health.detectors import Thresholds, diagnose
+    from telemetry.health.ingest import IngestError, load
+    from telemetry.health.report import to_json, to_markdown, to_text
+
+    try:
+        log = load(args.path, args.format)
+    except (IngestError, OSError) as e:
+        print(f"grpo-sentinel diagnose: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
+    log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
+    log.eval_n = args.eval_n or log.eval_n
+    th = Thresholds(window=args.window)
+    result = diagnose(log, th)
+    if args.report:
+        args.report.write_text(to_markdown(result, log, th))
+    print(json.dumps(to_json(result, log, th), indent=1) if args.json else to_text(result, log, th))
+    return 0
 
 
 def _train(args) -> int:

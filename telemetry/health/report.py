@@ -1,0 +1,106 @@
+"""What `grpo-sentinel diagnose` prints: verdicts, distribution summaries, curve shape; as text,
+JSON or a markdown monitoring report."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from telemetry.health.detectors import Diagnosis, Thresholds
+from telemetry.health.ingest import RunLog
+from telemetry.health.table import BY_ID
+from telemetry.stats import moving_average, summarize, windowed_sd
+
+
+def summary(log: RunLog, th: Thresholds) -> dict:
+    s, w = log.series, th.window
+    out: dict = {"source": log.source, "format": log.format, "steps": len(log),
+                 "first_step": int(s["step"][0]), "last_step": int(s["step"][-1])}
+    for name in ("reward", "kl", "loss", "entropy"):
+        if log.has(name):
+            out[name] = summarize(s[name].tolist())
+    if log.has("reward"):
+        ma = moving_average(s["reward"], w)
+        wsd = windowed_sd(s["reward"], w)[w - 1:]
+        out["reward_curve"] = {"start": _num(ma[w - 1] if len(ma) >= w else ma[-1]), "end": _num(ma[-1]),
+                               "peak": _num(np.nanmax(ma)), "window": w,
+                               "windowed_sd_median": _num(np.median(wsd)) if len(wsd) else math.nan}
+    if log.has("frac_zero_std"):
+        out["frac_zero_std_mean"] = _num(np.nanmean(s["frac_zero_std"]))
+    if log.has("sample_acc"):
+        acc = s["sample_acc"]
+        ok = np.isfinite(acc)
+        out["sample_acc"] = {"steps": s["step"][ok].astype(int).tolist(), "values": acc[ok].round(4).tolist(),
+                             "n": log.eval_n}
+    return out
+
+
+def _num(x) -> float:
+    return round(float(x), 6)
+
+
+def to_json(diag: Diagnosis, log: RunLog, th: Thresholds) -> dict:
+    return {"conditions": [c.as_dict() for c in diag.conditions], "summary": summary(log, th),
+            "not_assessable": diag.not_assessable, "notes": log.notes}
+
+
+def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
+    sm = summary(log, th)
+    lines = [f"{log.source} ({log.format}, {sm['steps']} steps, {sm['first_step']}-{sm['last_step']})"]
+    lines += [f"  note: {n}" for n in log.notes]
+    if not diag.conditions:
+        lines.append("no condition found")
+    for c in diag.conditions:
+        lines.append(f"{c.severity.upper():8} {c.id} steps {c.first_step}-{c.last_step}: {c.evidence}")
+        lines.append(f"         cause: {c.cause}; action: {c.action}")
+    for name in ("reward", "kl"):
+        if name in sm:
+            d = sm[name]
+            lines.append(f"{name}: mean {d['mean']:.4g} p5 {d['p5']:.4g} p50 {d['p50']:.4g} p95 {d['p95']:.4g} p99 {d['p99']:.4g}")
+    if "reward_curve" in sm:
+        rc = sm["reward_curve"]
+        lines.append(f"reward curve ({rc['window']}-step mean): {rc['start']:.3f} -> peak {rc['peak']:.3f} -> {rc['end']:.3f}; "
+                     f"windowed sd (median) {rc['windowed_sd_median']:.3f}")
+    if diag.not_assessable:
+        lines.append("not assessable: " + "; ".join(f"{k} ({v})" for k, v in diag.not_assessable.items()))
+    return "\n".join(lines)
+
+
+def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
+    sm = summary(log, th)
+    out = [f"# Monitoring report: `{log.source}`", "",
+           f"{sm['steps']} steps ({sm['first_step']}-{sm['last_step']}), format `{log.format}`.", ""]
+    if log.notes:
+        out += ["Ingest notes:", ""] + [f"- {n}" for n in log.notes] + [""]
+    out += ["## Three curves, read together", ""]
+    rc = sm.get("reward_curve")
+    if rc:
+        trend = "rose" if rc["end"] > rc["start"] + 0.02 else "fell" if rc["end"] < rc["start"] - 0.02 else "stayed flat"
+        out.append(f"- **reward** ({rc['window']}-step mean) {trend}: {rc['start']:.3f} -> peak {rc['peak']:.3f} -> "
+                   f"{rc['end']:.3f}; windowed sd {rc['windowed_sd_median']:.3f} (high = sawtooth, low = smooth).")
+    if "kl" in sm:
+        k = sm["kl"]
+        out.append(f"- **KL** mean {k['mean']:.4g}, p95 {k['p95']:.4g}, p99 {k['p99']:.4g} "
+                   f"(bound for `kl_runaway`: {th.kl_bound:g}).")
+    else:
+        out.append("- **KL**: not in this log; the KL rows cannot be assessed.")
+    if "loss" in sm:
+        lo = sm["loss"]
+        out.append(f"- **loss** p5 {lo['p5']:.4g}, p50 {lo['p50']:.4g}, p95 {lo['p95']:.4g}, p99 {lo['p99']:.4g}: "
+                   "it should stay roughly flat; large excursions are `loss_spike`.")
+    if "sample_acc" in sm:
+        a = sm["sample_acc"]
+        pts = ", ".join(f"{s}: {100 * v:.1f} %" for s, v in zip(a["steps"], a["values"]))
+        out.append(f"- **held-out accuracy** (n = {a['n'] or 'unknown'}): {pts}.")
+    out += ["", "## Verdicts", ""]
+    if not diag.conditions:
+        out.append("No condition of the health table holds.")
+    else:
+        out += ["| severity | condition | steps | evidence | likely cause | suggested action |", "|---|---|---|---|---|---|"]
+        out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence} | {c.cause} | {c.action} |"
+                for c in diag.conditions]
+    if diag.not_assessable:
+        out += ["", "Not assessable from this log:", ""]
+        out += [f"- `{k}` ({BY_ID[k].signals}): {v}" for k, v in diag.not_assessable.items()]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,122 @@
+"""The health table as detectors: the synthetic zoo, the two real fixture runs, messy logs, the CLI."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zoo
+from conftest import cli
+from telemetry.health.detectors import diagnose
+from telemetry.health.ingest import IngestError, load
+from telemetry.health.table import BY_ID
+
+BOOK = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "book-runs"
+PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"
+
+
+@pytest.mark.parametrize("gen", list(zoo.ZOO), ids=lambda g: g.__name__)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_zoo(gen, seed):
+    must, must_not = zoo.ZOO[gen]
+    found = diagnose(zoo.make(gen, seed)).conditions
+    ids = {c.id for c in found}
+    assert must <= ids, f"missing {must - ids}; found {[(c.id, c.first_step) for c in found]}"
+    assert not ids & must_not, f"unexpected {ids & must_not}"
+    if "critical" in must_not:
+        assert all(c.severity != "critical" for c in found), [(c.id, c.evidence) for c in found]
+    for c in found:  # the table's words travel with every verdict
+        assert (c.cause, c.action) == (BY_ID[c.id].cause, BY_ID[c.id].action)
+
+
+@pytest.mark.parametrize("gen", [g for g in zoo.ZOO if g is not zoo.healthy and g is not zoo.nonfinite],
+                         ids=lambda g: g.__name__)
+def test_zoo_pathologies_fire_after_their_onset(gen):
+    must, _ = zoo.ZOO[gen]
+    firsts = {c.id: c.first_step for c in diagnose(zoo.make(gen, 0)).conditions if c.id in must}
+    if gen not in (zoo.reward_saturated, zoo.plateau_kl_flat):  # those two are there from the start
+        assert all(step >= zoo.ONSET - 5 for step in firsts.values()), firsts
+
+
+def test_plain_book_run_late_decline_and_loss_blowup():
+    """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
+    on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,
+    once the two-point mean is 3.5 SE below its peak (44.8 % -> 35.8 % at step 450).
+    Its loss goes from single digits to thousands after step ~230: loss_spike."""
+    log = load(PLAIN)
+    log.eval_n = 500
+    found = diagnose(log).conditions
+    late = [c for c in found if c.id == "late_degradation"]
+    assert late and late[0].severity == "critical" and 250 <= late[0].first_step <= 450
+    spikes = [c for c in found if c.id == "loss_spike"]
+    assert any(c.first_step <= 260 and c.last_step >= 400 for c in spikes)
+    assert {c.id for c in found if c.severity == "critical"} == {"late_degradation"}
+    assert "sample_acc looked like a percentage (max > 1): divided by 100" in log.notes
+
+
+def test_clipped_book_run_is_stable_but_often_without_signal():
+    """7_4 (clipped ratio): accuracy holds at 41-46 %; no critical condition. 54-76 % of its steps
+    have adv_std = 0, so a vanished-signal warning is the honest reading."""
+    log = load(CLIPPED)
+    log.eval_n = 500
+    d = diagnose(log)
+    assert not [c for c in d.conditions if c.severity == "critical"], [(c.id, c.evidence) for c in d.conditions]
+    assert "signal_vanished" in {c.id for c in d.conditions}
+    assert set(d.not_assessable) >= {"kl_runaway", "kl_dominant", "plateau_kl_flat"}  # no KL column: never guessed
+
+
+def test_restarted_and_resumed_logs_are_split_not_mixed(tmp_path):
+    lines = ["step,reward,kl,loss,sample_acc"]
+    lines += [f"{s},0.1,0.01,0.0," for s in range(1, 11)]  # an old run
+    lines += [f"{s},0.5,0.01,0.0," for s in range(1, 8)]  # a new run, numbering starts over
+    lines += [f"{s},0.7,0.01,0.0," for s in range(5, 13)]  # resumed from step 5: 5-7 re-done
+    (tmp_path / "steps.csv").write_text("\n".join(lines) + "\n")
+    log = load(tmp_path / "steps.csv")
+    assert log.series["step"].tolist() == list(range(1, 13))
+    assert log.series["reward"].tolist() == [0.5] * 4 + [0.7] * 8
+    assert any("2 runs" in n for n in log.notes) and any("resumed at step 5" in n for n in log.notes)
+
+
+def test_trl_trainer_state(tmp_path):
+    history = [{"step": s, "reward": 0.1 * s, "kl": 0.01, "loss": 0.0, "entropy": 1.0, "frac_reward_zero_std": 0.2,
+                "completions/mean_length": 10, "completions/clipped_ratio": 0.0} for s in range(1, 31)]
+    history.append({"step": 30, "eval_accuracy": 0.4})
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    log = load(tmp_path / "trainer_state.json")
+    assert log.format == "trl" and len(log) == 30
+    assert log.series["kl"][0] == 0.01 and log.series["sample_acc"][-1] == 0.4
+
+
+def test_unreadable_input_is_a_clear_error(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(IngestError, match="unrecognised columns"):
+        load(tmp_path / "x.csv")
+    p = subprocess.run(cli("diagnose", str(tmp_path / "x.csv")), capture_output=True, text=True)
+    assert p.returncode == 2 and "unrecognised columns" in p.stderr and p.stdout == ""
+
+
+def test_cli_json_and_report(tmp_path):
+    report = tmp_path / "r.md"
+    p = subprocess.run(cli("diagnose", str(PLAIN), "--json", "--eval-n", "500", "--report", str(report)),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)  # stdout is the JSON and nothing else
+    assert {"id", "severity", "first_step", "last_step", "evidence", "cause", "action"} <= set(out["conditions"][0])
+    assert out["summary"]["reward"]["n"] == 500
+    text = report.read_text()
+    assert "## Three curves, read together" in text and "`late_degradation`" in text
+
+
+def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
+    from service.config import load_config
+    from service.trainer import Trainer
+
+    cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 30})
+    Trainer(cfg, tmp_path / "r").run()
+    log = load(tmp_path / "r")  # the run directory
+    assert log.format == "sentinel" and len(log) == 30
+    assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200
+    assert log.ln_vocab == pytest.approx(np.log(15), rel=1e-3)
+    assert not [c for c in diagnose(log).conditions if c.severity == "critical"]

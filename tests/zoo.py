@@ -1,0 +1,166 @@
+"""Synthetic run logs: a healthy GRPO run and one generator per pathology, with the conditions
+each must (and must not) raise. Noise is sampled the way a real run samples it: per-step
+rewards are Binomial(B, p) / B, a group has no signal with probability p^G + (1-p)^G, held-out
+accuracy is Binomial(n, p) / n.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from telemetry.health.ingest import RunLog
+
+N, G, P, EVAL_N, EVERY, MAX_NEW = 300, 8, 8, 200, 20, 64
+ONSET = 150  # where a pathology starts
+
+
+def _healthy(rng: np.random.Generator, p: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    t = np.arange(1, N + 1, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100)) if p is None else p  # fast early, then diminishing
+    b = P * G
+    reward = rng.binomial(b, p) / b
+    zero_p = p**G + (1 - p) ** G
+    zero_correct = rng.binomial(P, p**G) / P
+    zero_wrong = rng.binomial(P, (1 - p) ** G) / P
+    kl = 0.002 + 0.05 * t / N * (1 + 0.1 * rng.standard_normal(N))  # bounded, slowly growing
+    acc = np.full(N, np.nan)
+    acc[EVERY - 1 :: EVERY] = rng.binomial(EVAL_N, p[EVERY - 1 :: EVERY] * 0.9) / EVAL_N
+    return {
+        "step": t, "reward": reward, "train_acc": reward.copy(), "kl": kl,
+        "loss": 0.04 * kl + 0.002 * rng.standard_normal(N),
+        "entropy": 0.6 - 0.1 * t / N + 0.03 * rng.standard_normal(N),
+        "entropy_norm": (0.6 - 0.1 * t / N) / np.log(15) + np.zeros(N),
+        "adv_mean": 1e-8 * rng.standard_normal(N), "adv_std": 0.85 + 0.02 * rng.standard_normal(N),
+        "frac_zero_std": zero_correct + zero_wrong, "frac_zero_std_correct": zero_correct, "frac_zero_std_wrong": zero_wrong,
+        "response_len": 3.5 + 0.1 * rng.standard_normal(N), "response_len_correct": 3.4 + 0.1 * rng.standard_normal(N),
+        "response_len_wrong": 3.6 + 0.1 * rng.standard_normal(N), "truncation_rate": np.zeros(N),
+        "sample_acc": acc, "_nonfinite": np.zeros(N), "_p": p, "_zero_p": zero_p,
+    }
+
+
+def _ramp(a: float, b: float) -> np.ndarray:
+    """a before ONSET, then linearly to b at the end."""
+    x = np.full(N, a)
+    x[ONSET:] = np.linspace(a, b, N - ONSET)
+    return x
+
+
+def _drop(a: float, b: float, over: int = 30) -> np.ndarray:
+    """a before ONSET, then down to b within `over` steps, and b after."""
+    x = np.full(N, b)
+    x[:ONSET] = a
+    x[ONSET : ONSET + over] = np.linspace(a, b, over)
+    return x
+
+
+def _with_p(rng, p: np.ndarray, acc_scale: float | np.ndarray = 0.9) -> dict[str, np.ndarray]:
+    s = _healthy(rng, p)
+    s["sample_acc"][EVERY - 1 :: EVERY] = rng.binomial(EVAL_N, np.clip(p * acc_scale, 0, 1)[EVERY - 1 :: EVERY]) / EVAL_N
+    return s
+
+
+def healthy(rng):
+    return _healthy(rng)
+
+
+def adv_mean_drift(rng):
+    s = _healthy(rng)
+    s["adv_mean"][ONSET:] = 0.05  # e.g. advantages normalised over the batch instead of the group
+    return s
+
+
+def nonfinite(rng):
+    s = _healthy(rng)
+    s["_nonfinite"][ONSET : ONSET + 4] = 1
+    s["loss"][ONSET : ONSET + 4] = np.nan
+    return s
+
+
+def reward_saturated(rng):
+    return _with_p(rng, np.minimum(0.999, 0.6 + 0.4 * (1 - np.exp(-np.arange(N) / 40))))  # a task too easy
+
+
+def signal_vanished(rng):
+    p = _drop(0.4, 0.002)  # the policy stops ever being right: every group all-wrong
+    return _with_p(rng, p)
+
+
+def kl_runaway(rng):
+    s = _with_p(rng, np.concatenate([0.2 + 0.4 * (1 - np.exp(-np.arange(ONSET) / 100)), np.linspace(0.5, 0.2, N - ONSET)]))
+    s["kl"] = s["kl"] + _ramp(0.0, 3.0)
+    return s
+
+
+def kl_dominant(rng):
+    s = _with_p(rng, _drop(0.4, 0.0005))  # no signal left ...
+    s["kl"] = s["kl"] + _ramp(0.0, 2.5)  # ... and KL is the only thing moving
+    return s
+
+
+def entropy_collapse(rng):
+    s = _with_p(rng, np.full(N, 0.45))  # reward flat
+    s["entropy"] = _ramp(0.6, 0.02) + 0.005 * rng.standard_normal(N)
+    return s
+
+
+def entropy_blowup(rng):
+    s = _with_p(rng, np.concatenate([0.2 + 0.4 * (1 - np.exp(-np.arange(ONSET) / 100)), np.linspace(0.5, 0.05, N - ONSET)]))
+    s["entropy"] = _ramp(0.6, 2.6) + 0.03 * rng.standard_normal(N)  # ln 15 = 2.71
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def late_degradation(rng):
+    p = np.concatenate([0.2 + 0.4 * (1 - np.exp(-np.arange(ONSET) / 60)), np.linspace(0.55, 0.25, N - ONSET)])
+    return _with_p(rng, p)
+
+
+def reward_hacking(rng):
+    p = 0.2 + 0.6 * (1 - np.exp(-np.arange(N) / 80))  # the grader keeps paying ...
+    scale = np.concatenate([np.full(ONSET, 0.9), np.linspace(0.9, 0.3, N - ONSET)])  # ... for less and less real skill
+    return _with_p(rng, p, scale)
+
+
+def loss_spike(rng):
+    s = _healthy(rng)
+    s["loss"][ONSET] = 50.0
+    return s
+
+
+def length_pathology(rng):
+    s = _healthy(rng)
+    s["truncation_rate"] = _ramp(0.0, 0.9)
+    s["response_len"] = _ramp(3.5, MAX_NEW)
+    return s
+
+
+def plateau_kl_flat(rng):
+    s = _with_p(rng, np.full(N, 0.3))  # beta so large nothing moves
+    s["kl"] = 1e-5 * np.abs(rng.standard_normal(N))
+    return s
+
+
+# generator -> (conditions that must fire, conditions that must not)
+ZOO = {
+    healthy: (set(), {"critical"}),
+    adv_mean_drift: ({"adv_mean_drift"}, set()),
+    nonfinite: ({"nonfinite"}, set()),
+    reward_saturated: ({"reward_saturated"}, {"critical"}),
+    signal_vanished: ({"signal_vanished"}, {"reward_saturated"}),
+    kl_runaway: ({"kl_runaway"}, set()),
+    kl_dominant: ({"kl_dominant", "signal_vanished"}, set()),
+    entropy_collapse: ({"entropy_collapse"}, {"critical"}),
+    entropy_blowup: ({"entropy_blowup"}, set()),
+    late_degradation: ({"late_degradation"}, {"reward_hacking"}),
+    reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
+    loss_spike: ({"loss_spike"}, {"critical"}),
+    length_pathology: ({"length_pathology"}, {"critical"}),
+    plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
+}
+
+
+def make(gen, seed: int) -> RunLog:
+    s = gen(np.random.default_rng(seed))
+    series = {k: np.asarray(v, dtype=float) for k, v in s.items() if not k.startswith("_p") and k != "_zero_p"}
+    return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=G, max_new_tokens=MAX_NEW, max_reward=1.0,
+                  ln_vocab=float(np.log(15)), eval_n=EVAL_N)
