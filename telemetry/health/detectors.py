@@ -30,6 +30,7 @@ class Thresholds:
     loss_baseline_factor: float = 100.0  # |loss| vs the median |loss| of the first `loss_window` steps
     loss_window: int = 50
     acc_decline_se: float = 3.5  # accuracy decline (2-point means) that counts, in standard errors
+    acc_lookback: int = 10  # eval points the peak is taken over (the max of ever more points drifts up)
     acc_noise_floor: float = 0.03  # smallest accuracy decline that counts, whatever n is
     acc_unknown_n_floor: float = 0.05  # ... when the eval set size is unknown
     reward_drop: float = 0.05  # a reward decline that counts, as a fraction of max reward
@@ -191,7 +192,7 @@ def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
     """Eval points where held-out accuracy fell below its peak beyond sampling noise.
 
     Accuracy is smoothed over two consecutive eval points (b_k, SE s/sqrt 2 each, s = sqrt(p(1-p)/n)),
-    and b_k must sit `acc_decline_se` (3.5) s below the running peak of b. The peak of 10-15 noisy
+    and b_k must sit `acc_decline_se` (3.5) s below the peak of b over the last `acc_lookback` points. The peak of 10-15 noisy
     points is biased upwards by ~1.2 s, so 3 s still paged 1 % of simulated healthy runs
     (tests/zoo.py, 300 seeds) and 3.5 s none. Without n, the decline must reach `acc_unknown_n_floor`.
     Returns (peak_row, row, peak, value, n)."""
@@ -200,18 +201,17 @@ def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
     if len(rows) < 2:
         return []
     b = (acc[rows[1:]] + acc[rows[:-1]]) / 2
-    n = c.log.eval_n
-    out, peak = [], 0
-    for k in range(1, len(b)):
-        if b[k] > b[peak]:
-            peak = k
-            continue
-        p = b[peak]
-        se = math.sqrt(max(p * (1 - p), 1e-4) / n) if n else math.nan
-        noise = max(c.th.acc_decline_se * se, c.th.acc_noise_floor) if n else c.th.acc_unknown_n_floor
-        if p - b[k] >= noise:
-            out.append((rows[peak + 1], rows[k + 1], p, b[k], n or 0))
-    return out
+    n, lookback = c.log.eval_n, c.th.acc_lookback
+    padded = np.concatenate([np.full(lookback, -np.inf), b])
+    windows = np.lib.stride_tricks.sliding_window_view(padded[:-1], lookback)  # [k] = b[k-L .. k-1]
+    peak = np.arange(len(b)) - lookback + windows.argmax(1)
+    p = windows.max(1)
+    if n:
+        noise = np.maximum(c.th.acc_decline_se * np.sqrt(np.maximum(p * (1 - p), 1e-4) / n), c.th.acc_noise_floor)
+    else:
+        noise = np.full(len(b), c.th.acc_unknown_n_floor)
+    hits = np.flatnonzero(p - b >= noise)
+    return [(rows[peak[k] + 1], rows[k + 1], p[k], b[k], n or 0) for k in hits]
 
 
 def late_degradation_and_reward_hacking(c: _Ctx) -> None:
