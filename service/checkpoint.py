@@ -73,6 +73,20 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loop_state: dic
     return Checkpoint(final, step)
 
 
+def mark_last_healthy(ckpt: Checkpoint) -> Path:
+    """Copy `ckpt` to `last-healthy/` (atomically, replacing the previous one): the rollback target."""
+    dst = ckpt.path.parent / "last-healthy"
+    tmp = ckpt.path.parent / f".tmp-last-healthy-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt.path, tmp)
+    old = ckpt.path.parent / f".tmp-old-last-healthy-{os.getpid()}"
+    if dst.exists():
+        dst.rename(old)
+    tmp.rename(dst)
+    shutil.rmtree(old, ignore_errors=True)
+    return dst
+
+
 def _prune(ckpt_dir: Path, keep: int) -> None:
     complete = sorted(p for p in ckpt_dir.glob("step-*") if (p / "manifest.json").is_file())
     for old in complete[:-keep]:

@@ -157,6 +157,26 @@ class TelemetrySettings(_Section):
     )
 
 
+class HealthSettings(_Section):
+    enabled: bool = Field(True, description="Evaluate the health table while training (log events, metrics, actions).")
+    window: int = Field(20, ge=2, description="Smoothing window in steps for the detectors.")
+    stop_on: list[str] = Field(default_factory=lambda: ["reward_saturated"],
+                               description="Conditions that end the run early as a success (checkpoint kept).")
+    halt_on: list[str] = Field(default_factory=lambda: ["adv_mean_drift"],
+                               description="Conditions that halt the run as broken (exit 3).")
+
+    @field_validator("stop_on", "halt_on")
+    @classmethod
+    def _known_conditions(cls, v: list[str]) -> list[str]:
+        from telemetry.health.table import BY_ID
+
+        for cid in v:
+            if cid not in BY_ID:
+                close = difflib.get_close_matches(cid, BY_ID, n=1)
+                raise ValueError(f"unknown condition {cid!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return v
+
+
 class Config(_Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
@@ -165,6 +185,7 @@ class Config(_Section):
     optim: OptimSettings = Field(default_factory=OptimSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -198,7 +219,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set grpo.beta=0.02")
-        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+        _set_dotted(raw, key.strip(), _parse_value(value))
     for key, value in cli.items():
         if value is not None:
             _set_dotted(raw, key, value)
@@ -210,6 +231,14 @@ def validate(raw: dict[str, Any]) -> Config:
         return Config.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_errors(e)) from None
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value is YAML (0.5 -> float, [a, b] -> list); text that is not YAML stays a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:

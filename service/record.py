@@ -15,7 +15,7 @@ from pathlib import Path
 from telemetry.schema import RunInfo, StepStats
 
 CURVE_HEAD = ["step", "reward", "kl", "loss", "sample_acc"]  # the user's required format, in this order
-_NOT_AVERAGED = {"step", "skipped", "eval_n", "sample_acc", "greedy_acc"}
+_NOT_AVERAGED = {"step", "skipped", "health", "eval_n", "sample_acc", "greedy_acc"}
 
 
 def _fmt(v) -> str:
@@ -65,9 +65,10 @@ class RunRecord:
 
     def __init__(self, run_dir: Path, reward_names: list[str]):
         step_cols = list(StepStats.__dataclass_fields__)
-        scalar = [c for c in step_cols if c not in ("reward_components", "eval", "samples", "step", "reward", "kl", "loss")]
-        rest = [c for c in scalar if c != "skipped"] + [f"reward_{n}" for n in reward_names]
-        self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["skipped"])
+        scalar = [c for c in step_cols if c not in ("reward_components", "eval", "samples", "step", "reward", "kl", "loss",
+                                                    "skipped", "health")]
+        rest = scalar + [f"reward_{n}" for n in reward_names]
+        self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["skipped", "health"])
         self.curve = _CsvLog(run_dir / "reward-vs-step.csv",
                              CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["steps_in_window", "skipped_in_window"])
         self._window: list[dict] = []
@@ -119,4 +120,5 @@ def _parse(row: dict[str, str]) -> dict:
         except ValueError:
             out[k] = v
     out["skipped"] = row.get("skipped", "")
+    out["health"] = row.get("health", "")
     return out

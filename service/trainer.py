@@ -23,12 +23,17 @@ from service.grpo.rollout import sample
 from service.grpo.step import Policy, grpo_step
 from service.record import RunRecord
 from service.rewards import RewardScorer
+from telemetry.health import ingest
+from telemetry.health.detectors import Thresholds
+from telemetry.health.monitor import HealthMonitor
 from telemetry.interface import StepSink
 from telemetry.schema import Eval, RunInfo, Scales, StepStats
 
 log = logging.getLogger(__name__)
 
 EXIT_COMPLETED, EXIT_HALTED, EXIT_PREEMPTED = 0, 3, 75  # 75 = EX_TEMPFAIL: "run me again"
+EXIT_CODES = {"completed": EXIT_COMPLETED, "stopped_early": EXIT_COMPLETED, "halted": EXIT_HALTED,
+              "preempted": EXIT_PREEMPTED}
 
 
 @dataclass
@@ -43,11 +48,12 @@ class LoopState:
     baseline: dict | None = None  # Eval at step 0
     last_eval: dict | None = None
     last_eval_step: int = 0
+    conditions: dict[str, int] = field(default_factory=dict)  # health condition -> first step it was active
 
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str  # completed | preempted | halted
+    status: str  # completed | stopped_early | preempted | halted
     run_dir: Path
     step: int
     exit_code: int
@@ -122,6 +128,10 @@ class Trainer:
         self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
         self.record = RunRecord(run_dir, [r.name for r in cfg.rewards])
         self.sinks = [self.record, *sinks]
+        h = cfg.health
+        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=h.window)) \
+            if h.enabled else None
+        self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None
         self.state = LoopState()
         self._stop_signal: int | None = None
@@ -139,10 +149,12 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         self.policy = build_policy(cfg)
         info = run_info(cfg, self.run_dir, self.policy)
-        for sink in self.sinks:
+        for sink in [*self.sinks, self.monitor] if self.monitor else self.sinks:
             sink.start(info)
         resumed = self._restore()
         self.record.open(self.state.step if resumed else None)
+        if resumed and self.monitor and self.state.step > 0:
+            self.monitor.seed(ingest.load(self.run_dir / "steps.csv").series)
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
             self.state.baseline = self.state.last_eval = asdict(ev)
@@ -158,8 +170,7 @@ class Trainer:
             for sink in self.sinks:
                 sink.close()
         self._write_summary(status, time.monotonic() - t0)
-        code = {"completed": EXIT_COMPLETED, "halted": EXIT_HALTED, "preempted": EXIT_PREEMPTED}[status]
-        return RunResult(status, self.run_dir, self.state.step, code)
+        return RunResult(status, self.run_dir, self.state.step, EXIT_CODES[status])
 
     def _loop(self) -> str:
         cfg, st = self.cfg, self.state
@@ -171,12 +182,23 @@ class Trainer:
                     self._checkpoint()
                 return "preempted"
             stats = self._train_one()
+            verdict = self.monitor.observe(stats) if self.monitor else None
+            if verdict is not None:
+                stats = replace(stats, health=tuple(c.id for c in verdict.active))
+                self._healthy = not verdict.critical
+                for c in verdict.new:
+                    st.conditions.setdefault(c.id, c.first_step)
             for sink in self.sinks:
                 sink.on_step(stats)
             if st.consecutive_faults >= cfg.run.max_consecutive_faults:
                 log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
                 self._checkpoint()
                 return "halted"
+            if verdict is not None and verdict.stop:
+                kind, _, cid = verdict.stop.partition(": ")
+                log.warning("health: %s on %s at step %d (health.%s_on)", kind, cid, st.step, kind)
+                self._checkpoint()
+                return "halted" if kind == "halt" else "stopped_early"
             if st.step % cfg.run.checkpoint_every == 0 or st.step == cfg.run.steps:
                 self._checkpoint()
         return "completed"
@@ -207,10 +229,13 @@ class Trainer:
         p = self.policy
         self._saved_step = self.state.step
         try:
-            checkpoint.save(self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer, p.scheduler,
-                            asdict(self.state), self.cfg.run.keep_checkpoints)
+            saved = checkpoint.save(self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer, p.scheduler,
+                                    asdict(self.state), self.cfg.run.keep_checkpoints)
         except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
             log.error("%s", e)
+            return
+        if self._healthy:  # a rollback target that no critical condition had touched
+            checkpoint.mark_last_healthy(saved)
 
     def _restore(self) -> bool:
         ckpt = checkpoint.latest(self.run_dir / "checkpoints")
@@ -233,6 +258,7 @@ class Trainer:
             "seconds_this_session": round(seconds, 1),
             "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
             "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,
+            "health_conditions": st.conditions,
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))

@@ -73,6 +73,12 @@ def _accuracy(s: StepStats) -> Points:
     return [] if s.eval is None else [(s.eval.sample_acc, {"mode": "sampled"}), (s.eval.greedy_acc, {"mode": "greedy"})]
 
 
+def _health(s: StepStats) -> Points:
+    from telemetry.health.table import TABLE
+
+    return [(float(r.id in s.health), {"condition": r.id, "severity": r.severity}) for r in TABLE]
+
+
 def _skipped(s: StepStats) -> Points:
     return [(1.0, {"reason": s.skipped})] if s.skipped else []
 
@@ -131,6 +137,8 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
     Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
            lambda s: []),  # recorded by the sink at on_step time, not from the record
+    Metric("grpo.health.condition", "gauge", "1", "step and condition",
+           "1 while a health-table condition holds, else 0 (attributes `condition`, `severity`).", _health),
     # Counters
     Metric("grpo.steps", "counter", "{step}", "step", "Optimizer steps completed (skipped updates included).",
            lambda s: [(1.0, {})]),

@@ -82,15 +82,16 @@ class StepStats:
     skipped: str = ""  # why the update was skipped ('nonfinite', 'no_scored_samples'), else ''
     reward_components: dict[str, float] = field(default_factory=dict)  # function -> mean over valid values
     eval: Eval | None = None  # set on sampling steps
+    health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)
     samples: Samples | None = field(default=None, repr=False)
 
     def row(self) -> dict[str, float | int | str]:
         """Flat CSV/metric row: scalar fields, then `reward_<fn>` columns, then the eval columns."""
         out: dict[str, float | int | str] = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples")
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples", "health")
         }
         out.update({f"reward_{k}": v for k, v in self.reward_components.items()})
         ev = self.eval
         out.update(sample_acc=ev.sample_acc if ev else math.nan, greedy_acc=ev.greedy_acc if ev else math.nan,
-                   eval_n=ev.n if ev else "")
+                   eval_n=ev.n if ev else "", health=" ".join(self.health))
         return out

@@ -54,6 +54,7 @@ def test_set_overrides_are_typed_and_checked(tmp_path):
     assert cfg.grpo.beta == 0.5 and cfg.run.steps == 7
     with pytest.raises(ConfigError, match="grpo.bta: unknown key .did you mean 'beta'"):
         load_config(None, ["grpo.bta=0.5"])
+    assert load_config(None, ["data.prompt_template={prompt}="]).data.prompt_template == "{prompt}="  # not YAML: text
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(None, ["grpo.beta"])
 
@@ -108,3 +109,8 @@ def test_gpu_example_is_valid_except_for_paths_that_live_on_the_node():
         load_config(REPO / "examples" / "gpu-qwen-0.5b.yaml")
     problems = [line.split(":")[0].strip("- ") for line in str(e.value).splitlines()[1:]]
     assert problems == ["model.path", "data.path", "data.eval_path"]
+
+
+def test_health_actions_name_table_conditions():
+    with pytest.raises(ConfigError, match="health.stop_on: unknown condition 'reward_saturate' .did you mean 'reward_saturated'"):
+        load_config(None, ["health.stop_on=[reward_saturate]"])

@@ -1,0 +1,74 @@
+"""Online health: the offline detectors, run on the series the trainer has produced so far.
+
+The monitor only reads StepStats and returns a Verdict; acting on it (stop, halt, keep a
+last-healthy checkpoint) is the trainer's job, so telemetry never reaches into the trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from telemetry.health.detectors import Condition, Thresholds, diagnose
+from telemetry.health.ingest import RunLog
+from telemetry.schema import RunInfo, StepStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    active: tuple[Condition, ...]  # conditions that hold at this step
+    new: tuple[Condition, ...]  # ... of which these were not active at the previous step
+    stop: str = ""  # why the run should end now ('' = carry on)
+
+    @property
+    def critical(self) -> bool:
+        return any(c.severity == "critical" for c in self.active)
+
+
+@dataclass
+class HealthMonitor:
+    stop_on: frozenset[str] = frozenset({"reward_saturated"})  # end the run cleanly (a success: keep the checkpoint)
+    halt_on: frozenset[str] = frozenset({"adv_mean_drift"})  # end the run as broken
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    _rows: dict[str, list[float]] = field(default_factory=dict)
+    _active: set[str] = field(default_factory=set)
+    _info: RunInfo | None = None
+
+    def start(self, info: RunInfo) -> None:
+        self._info = info
+
+    def seed(self, series: dict[str, np.ndarray]) -> None:
+        """History from the run record, so a resumed run's windows and baselines continue."""
+        self._rows = {k: v.tolist() for k, v in series.items()}
+
+    def observe(self, s: StepStats) -> Verdict:
+        row = s.row()
+        row["_nonfinite"] = float(s.skipped == "nonfinite")
+        for k, v in row.items():
+            if isinstance(v, (int, float)):
+                self._rows.setdefault(k, []).append(float(v))
+        series = {k: np.asarray(v) for k, v in self._rows.items() if len(v) == len(self._rows["step"])}
+        sc = self._info.scales if self._info else None
+        runlog = RunLog(series, "online", "sentinel", max_reward=sc.max_reward if sc else 1.0,
+                        ln_vocab=sc.ln_vocab if sc else None, max_new_tokens=sc.max_new_tokens if sc else None,
+                        eval_n=s.eval.n if s.eval else self._eval_n())
+        active = tuple(c for c in diagnose(runlog, self.thresholds).conditions if c.last_step == s.step)
+        new = tuple(c for c in active if c.id not in self._active)
+        self._active = {c.id for c in active}
+        for c in new:
+            log.log(logging.WARNING if c.severity != "info" else logging.INFO,
+                    "health: %s %s since step %d: %s | cause: %s | action: %s",
+                    c.severity.upper(), c.id, c.first_step, c.evidence, c.cause, c.action)
+        ids = {c.id for c in active}
+        stop = next((f"halt: {i}" for i in sorted(ids & self.halt_on)), "") or \
+            next((f"stop: {i}" for i in sorted(ids & self.stop_on)), "")
+        return Verdict(active, new, stop)
+
+    def _eval_n(self) -> int | None:
+        n = [x for x in self._rows.get("eval_n", []) if not math.isnan(x)]
+        return int(n[-1]) if n else None

@@ -1,0 +1,43 @@
+"""The monitor inside a real training run: conditions become log events, metrics, CSV, actions."""
+
+import csv
+import json
+
+from service.config import load_config
+from service.trainer import Trainer
+
+
+def constant(completion, answer, prompt):
+    return 1.0  # every group all-equal: no learning signal at all
+
+
+def run(tmp_path, *overrides, steps=30):
+    cfg = load_config(None, ["rewards=[{name: 'tests.test_health_online:constant'}]", "health.window=5",
+                             "run.sample_every=10", "run.checkpoint_every=2", *overrides], **{"run.steps": steps})
+    return Trainer(cfg, tmp_path / "r").run()
+
+
+def test_a_condition_in_stop_on_ends_the_run_early_with_a_checkpoint(tmp_path, demo_dir):
+    result = run(tmp_path, "health.stop_on=[signal_vanished]")
+    assert (result.status, result.exit_code) == ("stopped_early", 0)
+    assert result.step == 5  # the first full 5-step window in which every group had no signal
+    rows = list(csv.DictReader((tmp_path / "r" / "steps.csv").open()))
+    assert [r["health"] for r in rows][-1] == "signal_vanished"
+    assert all(float(r["frac_zero_std"]) == 1.0 for r in rows)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "stopped_early" and summary["health_conditions"] == {"signal_vanished": 5}
+    assert (tmp_path / "r" / "checkpoints" / "step-00000005" / "manifest.json").is_file()
+    # warning only: every checkpoint so far was taken while no critical condition was active
+    assert json.loads((tmp_path / "r" / "checkpoints" / "last-healthy" / "manifest.json").read_text())["step"] == 5
+
+
+def test_a_condition_in_halt_on_halts(tmp_path, demo_dir):
+    result = run(tmp_path, "health.halt_on=[signal_vanished]", "health.stop_on=[]")
+    assert (result.status, result.exit_code, result.step) == ("halted", 3, 5)
+
+
+def test_without_actions_the_run_continues_and_records_the_condition(tmp_path, demo_dir):
+    result = run(tmp_path, "health.stop_on=[]", steps=8)
+    assert result.status == "completed"
+    rows = list(csv.DictReader((tmp_path / "r" / "steps.csv").open()))
+    assert [r["health"] for r in rows] == [""] * 4 + ["signal_vanished"] * 4
