@@ -8,7 +8,6 @@ valid one.
 from __future__ import annotations
 
 import difflib
-import importlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,7 +86,7 @@ class RewardSpec(_Section):
     @field_validator("name")
     @classmethod
     def _resolvable(cls, v: str) -> str:
-        from service.rewards import BUILTIN
+        from service.rewards import BUILTIN, import_function
 
         if v in BUILTIN:
             return v
@@ -95,13 +94,7 @@ class RewardSpec(_Section):
             close = difflib.get_close_matches(v, BUILTIN, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown reward {v!r}{hint}; built-ins: {sorted(BUILTIN)}, or 'module:function'")
-        module, _, attr = v.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot import reward function {v!r}: {e}") from None
-        if not callable(fn):
-            raise ValueError(f"reward {v!r} is not callable")
+        import_function(v)
         return v
 
 

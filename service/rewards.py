@@ -42,11 +42,20 @@ def _format(verifier: Verifier) -> RewardFn:
 BUILTIN: dict[str, Callable[[Verifier], RewardFn]] = {"correct": _correct, "format": _format}
 
 
+def import_function(name: str) -> RewardFn:
+    """'package.module:function' -> the function; ValueError saying what is wrong."""
+    module, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot import reward function {name!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"reward {name!r} is not callable")
+    return fn
+
+
 def resolve(spec: RewardSpec, verifier: Verifier) -> RewardFn:
-    if spec.name in BUILTIN:
-        return BUILTIN[spec.name](verifier)
-    module, _, attr = spec.name.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return BUILTIN[spec.name](verifier) if spec.name in BUILTIN else import_function(spec.name)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from telemetry.health.detectors import diagnose
 from telemetry.health.ingest import IngestError, load
 from telemetry.health.table import BY_ID
 
-BOOK = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "book-runs"
+BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
 PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"
 
 
