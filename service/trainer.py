@@ -154,11 +154,13 @@ class Trainer:
         resumed = self._restore()
         self.record.open(self.state.step if resumed else None)
         if resumed and self.monitor and self.state.step > 0:
-            self.monitor.seed(ingest.load(self.run_dir / "steps.csv").series)
+            self.monitor.seed(ingest.load(self.run_dir / "steps.csv"))
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
             self.state.baseline = self.state.last_eval = asdict(ev)
             self.record.write_baseline(ev)
+            if self.monitor:
+                self.monitor.baseline(ev.sample_acc)
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         t0 = time.monotonic()

@@ -41,3 +41,14 @@ def test_without_actions_the_run_continues_and_records_the_condition(tmp_path, d
     assert result.status == "completed"
     rows = list(csv.DictReader((tmp_path / "r" / "steps.csv").open()))
     assert [r["health"] for r in rows] == [""] * 4 + ["signal_vanished"] * 4
+
+
+def test_induced_collapse_high_learning_rate(tmp_path, demo_dir):
+    """lr 1e-2 (10x the demo's) on the tiny model: every group loses its signal (all wrong), KL climbs
+    past 2 per token and held-out accuracy falls to ~0. The monitor must name it."""
+    cfg = load_config(None, ["optim.lr=1e-2", "run.sample_every=20", "health.stop_on=[]"], **{"run.steps": 60})
+    result = Trainer(cfg, tmp_path / "r").run()
+    seen = json.loads((tmp_path / "r" / "summary.json").read_text())["health_conditions"]
+    assert result.status == "completed"
+    assert "signal_vanished" in seen
+    assert {"kl_runaway", "kl_dominant"} & set(seen)

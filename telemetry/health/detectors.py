@@ -195,12 +195,16 @@ def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
     and b_k must sit `acc_decline_se` (3.5) s below the peak of b over the last `acc_lookback` points. The peak of 10-15 noisy
     points is biased upwards by ~1.2 s, so 3 s still paged 1 % of simulated healthy runs
     (tests/zoo.py, 300 seeds) and 3.5 s none. Without n, the decline must reach `acc_unknown_n_floor`.
-    Returns (peak_row, row, peak, value, n)."""
+    Returns (peak_step, row, peak, value, n)."""
     acc = c.s["sample_acc"]
     rows = np.flatnonzero(np.isfinite(acc))
-    if len(rows) < 2:
+    values, at = acc[rows], c.steps[rows]
+    if c.log.baseline_acc is not None and (not len(at) or at[0] > 0):  # the step-0 evaluation
+        values, at = np.concatenate([[c.log.baseline_acc], values]), np.concatenate([[0.0], at])
+        rows = np.concatenate([[-1], rows])
+    if len(values) < 2:
         return []
-    b = (acc[rows[1:]] + acc[rows[:-1]]) / 2
+    b = (values[1:] + values[:-1]) / 2
     n, lookback = c.log.eval_n, c.th.acc_lookback
     padded = np.concatenate([np.full(lookback, -np.inf), b])
     windows = np.lib.stride_tricks.sliding_window_view(padded[:-1], lookback)  # [k] = b[k-L .. k-1]
@@ -211,7 +215,7 @@ def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
     else:
         noise = np.full(len(b), c.th.acc_unknown_n_floor)
     hits = np.flatnonzero(p - b >= noise)
-    return [(rows[peak[k] + 1], rows[k + 1], p[k], b[k], n or 0) for k in hits]
+    return [(int(at[peak[k] + 1]), rows[k + 1], p[k], b[k], n or 0) for k in hits]
 
 
 def late_degradation_and_reward_hacking(c: _Ctx) -> None:
@@ -224,13 +228,15 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
     for cid in ("late_degradation", "reward_hacking"):
         mask = np.zeros(c.n, dtype=bool)
         notes = {}
-        for peak_row, r, p, v, n in _accuracy_declines(c):
-            reward_peak = np.nanmax(r_ma[peak_row:r + 1])
-            margin = max(c.th.reward_drop * c.log.max_reward, 2 * r_noise[r])
+        for peak_step, r, p, v, n in _accuracy_declines(c):
+            reward_peak = np.nanmax(r_ma[np.searchsorted(c.steps, peak_step):r + 1])
+            # A fall is 5 % of the maximum, or a fifth of the reward's own level when that is low,
+            # and always beyond the moving mean's noise.
+            margin = max(min(c.th.reward_drop * c.log.max_reward, 0.2 * reward_peak), 2 * r_noise[r])
             fell = r_ma[r] < reward_peak - margin
             if fell == (cid == "late_degradation"):
                 mask[r] = True
-                notes[r] = (f"held-out accuracy (2-point mean) {100 * p:.1f} % at step {int(c.steps[peak_row])} -> {100 * v:.1f} % "
+                notes[r] = (f"held-out accuracy (2-point mean) {100 * p:.1f} % at step {peak_step} -> {100 * v:.1f} % "
                             f"(n={n or 'unknown'}); reward (moving mean) {reward_peak:.3f} -> {r_ma[r]:.3f}")
         c.fire(cid, mask, lambda i, j, notes=notes: notes[max(k for k in notes if i <= k <= j)], gap=c.n)
 

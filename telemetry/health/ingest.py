@@ -34,6 +34,7 @@ class RunLog:
     max_reward: float = 1.0
     ln_vocab: float | None = None
     eval_n: int | None = None
+    baseline_acc: float | None = None  # held-out accuracy before training (step 0), if known
     notes: list[str] = field(default_factory=list)
 
     def has(self, name: str) -> bool:
@@ -120,6 +121,11 @@ def _columns(path: Path, rename: dict[str, str] | None) -> dict[str, np.ndarray]
 def _sentinel(path: Path) -> RunLog:
     series = _columns(path, None)
     log = RunLog(series, str(path), "sentinel")
+    curve = path.parent / "reward-vs-step.csv"
+    if path.name == "steps.csv" and curve.is_file():  # the step-0 baseline accuracy lives only there
+        base = _columns(curve, None)
+        if len(base["step"]) and base["step"][0] == 0 and math.isfinite(base["sample_acc"][0]):
+            log.baseline_acc = float(base["sample_acc"][0])
     cfg_path = path.parent / "config.yaml"
     if cfg_path.is_file():
         cfg = yaml.safe_load(cfg_path.read_text()) or {}

@@ -36,30 +36,45 @@ class HealthMonitor:
     halt_on: frozenset[str] = frozenset({"adv_mean_drift"})  # end the run as broken
     thresholds: Thresholds = field(default_factory=Thresholds)
     _rows: dict[str, list[float]] = field(default_factory=dict)
-    _active: set[str] = field(default_factory=set)
+    _last_seen: dict[str, int] = field(default_factory=dict)  # condition -> last step it was active
     _info: RunInfo | None = None
+    _baseline_acc: float | None = None
 
     def start(self, info: RunInfo) -> None:
         self._info = info
 
-    def seed(self, series: dict[str, np.ndarray]) -> None:
+    def seed(self, log: RunLog) -> None:
         """History from the run record, so a resumed run's windows and baselines continue."""
-        self._rows = {k: v.tolist() for k, v in series.items()}
+        self._rows = {k: v.tolist() for k, v in log.series.items()}
+        self._baseline_acc = log.baseline_acc
+
+    def baseline(self, sample_acc: float) -> None:
+        """The step-0 evaluation: the reference every later accuracy is compared with."""
+        self._baseline_acc = sample_acc
+
+    def _append(self, row: dict) -> None:
+        length = len(self._rows.get("step", []))
+        for k, v in row.items():
+            if isinstance(v, (int, float)):
+                self._rows.setdefault(k, [math.nan] * length).append(float(v))
+        for v in self._rows.values():  # columns this row lacks
+            if len(v) == length:
+                v.append(math.nan)
 
     def observe(self, s: StepStats) -> Verdict:
         row = s.row()
         row["_nonfinite"] = float(s.skipped == "nonfinite")
-        for k, v in row.items():
-            if isinstance(v, (int, float)):
-                self._rows.setdefault(k, []).append(float(v))
-        series = {k: np.asarray(v) for k, v in self._rows.items() if len(v) == len(self._rows["step"])}
+        self._append(row)
+        series = {k: np.asarray(v) for k, v in self._rows.items()}
         sc = self._info.scales if self._info else None
         runlog = RunLog(series, "online", "sentinel", max_reward=sc.max_reward if sc else 1.0,
                         ln_vocab=sc.ln_vocab if sc else None, max_new_tokens=sc.max_new_tokens if sc else None,
-                        eval_n=s.eval.n if s.eval else self._eval_n())
+                        eval_n=s.eval.n if s.eval else self._eval_n(), baseline_acc=self._baseline_acc)
         active = tuple(c for c in diagnose(runlog, self.thresholds).conditions if c.last_step == s.step)
-        new = tuple(c for c in active if c.id not in self._active)
-        self._active = {c.id for c in active}
+        # Hysteresis: a condition that flickers off and on within one window is the same episode.
+        w = self.thresholds.window
+        new = tuple(c for c in active if s.step - self._last_seen.get(c.id, -10**9) > w)
+        self._last_seen.update({c.id: s.step for c in active})
         for c in new:
             log.log(logging.WARNING if c.severity != "info" else logging.INFO,
                     "health: %s %s since step %d: %s | cause: %s | action: %s",
