@@ -140,6 +140,28 @@ def plateau_kl_flat(rng):
     return s
 
 
+def plateau_small_group(rng):
+    s = _with_p(rng, np.full(N, 0.12), 1.0)  # a hard task at G = 4: most groups carry nothing
+    p = np.full(N, 0.12)
+    zc, zw = rng.binomial(P * 2, p**4) / (P * 2), rng.binomial(P * 2, (1 - p) ** 4) / (P * 2)
+    s.update(frac_zero_std=zc + zw, frac_zero_std_correct=zc, frac_zero_std_wrong=zw, _group_size=np.array([4.0]))
+    return s
+
+
+def plateau_grader_loose(rng):
+    s = _with_p(rng, np.full(N, 0.9), 0.45)  # the grader pays 90 % of the time ...
+    s["train_acc"] = rng.binomial(P * G, 0.4, N) / (P * G)  # ... the verifier accepts 40 % of the same answers
+    return s
+
+
+def kl_only_learning(rng):
+    s = _with_p(rng, np.full(N, 0.3))  # reward flat ...
+    s["kl"] = _ramp(0.2, 0.01) + 0.005 * rng.standard_normal(N)  # ... while the optimiser shrinks KL
+    s["kl"][:ONSET] = 0.2 + 0.005 * rng.standard_normal(ONSET)
+    s["loss"] = 0.04 * s["kl"] + 0.0005 * rng.standard_normal(N)
+    return s
+
+
 # generator -> (conditions that must fire, conditions that must not)
 ZOO = {
     healthy: (set(), {"critical"}),
@@ -156,11 +178,15 @@ ZOO = {
     loss_spike: ({"loss_spike"}, {"critical"}),
     length_pathology: ({"length_pathology"}, {"critical"}),
     plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
+    plateau_small_group: ({"plateau_small_group"}, {"critical"}),
+    plateau_grader_loose: ({"plateau_grader_loose"}, {"critical"}),
+    kl_only_learning: ({"kl_only_learning"}, {"critical"}),
 }
 
 
 def make(gen, seed: int) -> RunLog:
     s = gen(np.random.default_rng(seed))
+    g = int(s.pop("_group_size", [G])[0])
     series = {k: np.asarray(v, dtype=float) for k, v in s.items() if not k.startswith("_p") and k != "_zero_p"}
-    return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=G, max_new_tokens=MAX_NEW, max_reward=1.0,
+    return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=g, max_new_tokens=MAX_NEW, max_reward=1.0,
                   ln_vocab=float(np.log(15)), eval_n=EVAL_N)

@@ -40,6 +40,10 @@ class Thresholds:
     kl_bound: float = 1.0  # per-token k3 KL, window mean
     kl_flat: float = 1e-3  # "KL ~ 0"
     kl_dominant_min: float = 0.05
+    small_group: int = 4  # G at or below which group statistics are too noisy
+    small_group_zero: float = 0.4  # frac_zero_std that counts as high for G <= 4 (p^4 + (1-p)^4 >= 1/8 always)
+    loose_gap: float = 0.3  # reward (as a fraction of max) above held-out accuracy
+    loose_reward: float = 0.7  # reward (as a fraction of max) that counts as high
     truncation: float = 0.5  # window truncation rate
     wrong_longer: float = 1.5  # wrong answers this much longer than right ones
 
@@ -267,9 +271,9 @@ def entropy(c: _Ctx) -> None:
 
 
 def kl(c: _Ctx) -> None:
-    ok = c.need("kl_runaway", "kl", "reward") & c.need("kl_dominant", "kl", "frac_zero_std") & \
-        c.need("plateau_kl_flat", "kl", "reward")
-    if not ok and not c.log.has("kl"):
+    for cid, other in (("kl_runaway", "reward"), ("kl_dominant", "frac_zero_std"), ("plateau_kl_flat", "reward")):
+        c.need(cid, "kl", other)  # each row records what it lacks
+    if not c.log.has("kl"):
         return
     k_ma, k_slope = c.ma("kl"), _slope(c.s["kl"], c.w)
     full = _full(c.n, 2 * c.w)
@@ -278,8 +282,7 @@ def kl(c: _Ctx) -> None:
         c.fire("kl_runaway", full & (k_ma > c.th.kl_bound) & (r_slope < 0),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token (bound {c.th.kl_bound:g}) while reward falls", gap=c.w)
         early = np.arange(c.n) < max(2 * c.w, c.n // 3)
-        gain = (c.ma("reward") - moving_average(c.s["reward"], 2 * c.w)) * 2  # ~ reward change over the last window
-        c.fire("plateau_kl_flat", full & early & (k_ma < c.th.kl_flat) & (np.abs(gain) < c.th.reward_drop * c.log.max_reward),
+        c.fire("plateau_kl_flat", full & early & (k_ma < c.th.kl_flat) & _reward_flat(c),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.2g} (~0) and reward flat early in the run", gap=c.w)
     if c.log.has("frac_zero_std"):
         z = c.ma("frac_zero_std")
@@ -311,10 +314,45 @@ def length_pathology(c: _Ctx) -> None:
     c.fire("length_pathology", mask, what, gap=c.w)
 
 
-def plateaus_not_yet_detected(c: _Ctx) -> None:
-    for cid in ("plateau_grader_loose", "plateau_small_group", "kl_only_learning"):
-        c.diag.not_assessable.setdefault(cid, "detector not implemented yet")
+def _reward_flat(c: _Ctx) -> np.ndarray:
+    """Reward change over the last 2 windows below `reward_drop` of the maximum (a least-squares-like
+    difference of moving means, so a reward quantised to 1/B still shows a trend)."""
+    gain = (c.ma("reward") - moving_average(c.s["reward"], 2 * c.w)) * 2
+    return np.abs(gain) < c.th.reward_drop * c.log.max_reward
+
+
+def plateaus(c: _Ctx) -> None:
+    full = _full(c.n, 2 * c.w)
+    if c.need("plateau_small_group", "reward", "frac_zero_std"):
+        if c.log.group_size is None:
+            c.diag.not_assessable["plateau_small_group"] = "the group size G is unknown"
+        elif c.log.group_size <= c.th.small_group:
+            z = c.ma("frac_zero_std")
+            c.fire("plateau_small_group", full & _reward_flat(c) & (z >= c.th.small_group_zero),
+                   lambda i, j: f"G = {c.log.group_size}: reward flat, {100 * np.nanmax(z[i:j + 1]):.0f} % of groups without signal",
+                   gap=c.w)
+    if c.need("plateau_grader_loose", "reward", "train_acc"):
+        # What the grader pays vs what the strict verifier accepts *on the same completions*. (Reward vs
+        # held-out accuracy would also fire on any train/eval difficulty gap, e.g. both book runs.)
+        r = c.ma("reward", 2 * c.w) / c.log.max_reward
+        strict = c.ma("train_acc", 2 * c.w)
+        kl_ok = c.ma("kl") >= c.th.kl_flat if c.log.has("kl") else np.ones(c.n, dtype=bool)
+        c.fire("plateau_grader_loose", full & _reward_flat(c) & kl_ok & (r >= c.th.loose_reward) &
+               (r - strict >= c.th.loose_gap),
+               lambda i, j: f"reward {np.nanmax(r[i:j + 1]):.2f} of its maximum and flat, while the verifier accepts "
+                            f"{100 * strict[j]:.0f} % of the same completions", gap=c.w)
+    if c.need("kl_only_learning", "loss", "reward"):
+        lo = c.ma("loss", 2 * c.w)
+        before = np.full(c.n, np.nan)
+        before[2 * c.w:] = lo[: -2 * c.w]
+        noise = windowed_sd(c.s["loss"], 2 * c.w) / math.sqrt(2 * c.w)
+        # The earlier level must itself stand out of the noise, and the fall be well beyond it: the
+        # test runs at every step, so 3 sigma still paged 2 % of simulated healthy runs; 5 sigma none.
+        falling = (before > 5 * noise) & (lo < 0.5 * before) & (before - lo > 5 * math.sqrt(2) * noise)
+        c.fire("kl_only_learning", _full(c.n, 4 * c.w) & falling & _reward_flat(c),
+               lambda i, j: f"loss (moving mean) {np.nanmax(before[i:j + 1]):.3g} -> {np.nanmin(lo[i:j + 1]):.3g} "
+                            "while reward is flat", gap=c.w)
 
 
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike,
-             late_degradation_and_reward_hacking, entropy, kl, length_pathology, plateaus_not_yet_detected]
+             late_degradation_and_reward_hacking, entropy, kl, length_pathology, plateaus]

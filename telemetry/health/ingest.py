@@ -154,7 +154,6 @@ def _book(path: Path) -> RunLog:
     series["frac_zero_std"] = zero.astype(float)
     series["frac_zero_std_correct"] = (zero & (series["reward"] == 1)).astype(float)
     series["frac_zero_std_wrong"] = (zero & (series["reward"] == 0)).astype(float)
-    series["train_acc"] = series["reward"]
     return log
 
 
