@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     diag.add_argument("--format", default="auto", choices=["auto", "sentinel", "book", "trl"])
     diag.add_argument("--json", action="store_true", help="print {conditions, summary, not_assessable, notes} as JSON, nothing else")
     diag.add_argument("--report", type=Path, metavar="FILE.md", help="write the markdown monitoring report")
+    diag.add_argument("--plot", type=Path, metavar="FILE.png", help="write a PNG of the curves with condition windows shaded")
     diag.add_argument("--window", type=int, default=20, help="smoothing window in steps (default 20)")
     diag.add_argument("--max-new-tokens", type=int, help="completion cap, if the log does not say (for length_pathology)")
     diag.add_argument("--vocab-size", type=int, help="V, if the log does not say (entropy ceiling ln V)")
@@ -95,7 +96,7 @@ def _diagnose(args) -> int:
 
     from telemetry.health.detectors import Thresholds, diagnose
     from telemetry.health.ingest import IngestError, load
-    from telemetry.health.report import to_json, to_markdown, to_text
+    from telemetry.health.report import plot, to_json, to_markdown, to_text
 
     try:
         log = load(args.path, args.format)
@@ -109,6 +110,12 @@ def _diagnose(args) -> int:
     result = diagnose(log, th)
     if args.report:
         args.report.write_text(to_markdown(result, log, th))
+    if args.plot:
+        try:
+            plot(result, log, th, args.plot)
+        except RuntimeError as e:
+            print(f"grpo-sentinel diagnose: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     print(json.dumps(to_json(result, log, th), indent=1) if args.json else to_text(result, log, th))
     return 0
 

@@ -98,9 +98,9 @@ def test_unreadable_input_is_a_clear_error(tmp_path):
     assert p.returncode == 2 and "unrecognised columns" in p.stderr and p.stdout == ""
 
 
-def test_cli_json_and_report(tmp_path):
-    report = tmp_path / "r.md"
-    p = subprocess.run(cli("diagnose", str(PLAIN), "--json", "--eval-n", "500", "--report", str(report)),
+def test_cli_json_report_and_plot(tmp_path):
+    report, png = tmp_path / "r.md", tmp_path / "r.png"
+    p = subprocess.run(cli("diagnose", str(PLAIN), "--json", "--eval-n", "500", "--report", str(report), "--plot", str(png)),
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)  # stdout is the JSON and nothing else
@@ -108,6 +108,7 @@ def test_cli_json_and_report(tmp_path):
     assert out["summary"]["reward"]["n"] == 500
     text = report.read_text()
     assert "## Three curves, read together" in text and "`late_degradation`" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
 def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):

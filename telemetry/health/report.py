@@ -4,6 +4,7 @@ JSON or a markdown monitoring report."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -104,3 +105,37 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out += ["", "Not assessable from this log:", ""]
         out += [f"- `{k}` ({BY_ID[k].signals}): {v}" for k, v in diag.not_assessable.items()]
     return "\n".join(out) + "\n"
+
+
+def plot(diag: Diagnosis, log: RunLog, th: Thresholds, path) -> None:
+    """PNG of the curves read together: raw values faint, moving means bold, condition windows shaded
+    (red critical, orange warning, blue info), held-out accuracy as points."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib: pip install 'grpo-sentinel[plot]'") from None
+    s, w = log.series, th.window
+    panels = [n for n in ("reward", "kl", "loss", "entropy", "frac_zero_std", "response_len") if log.has(n)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.0 * len(panels)), sharex=True, squeeze=False)
+    colours = {"critical": "tab:red", "warning": "tab:orange", "info": "tab:blue"}
+    for ax, name in zip(axes[:, 0], panels):
+        ax.plot(s["step"], s[name], color="0.7", lw=0.6)
+        ax.plot(s["step"], moving_average(s[name], w), color="black", lw=1.4, label=f"{w}-step mean")
+        if name == "reward" and log.has("sample_acc"):
+            ok = np.isfinite(s["sample_acc"])
+            ax.plot(s["step"][ok], s["sample_acc"][ok], "o-", color="tab:green", ms=3, label="held-out accuracy")
+            ax.legend(loc="upper left", fontsize=7)
+        for c in diag.conditions:
+            ax.axvspan(c.first_step, max(c.last_step, c.first_step + 1), color=colours[c.severity], alpha=0.15)
+        ax.set_ylabel(name, fontsize=8)
+    for c in diag.conditions:
+        axes[0, 0].annotate(c.id, (c.first_step, 1.0), xycoords=("data", "axes fraction"), fontsize=6,
+                            color=colours[c.severity], rotation=90, va="top")
+    axes[-1, 0].set_xlabel("step")
+    fig.suptitle(f"{Path(log.source).name}: {len(diag.conditions)} condition(s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
