@@ -152,7 +152,9 @@ class TelemetrySettings(_Section):
 
 class HealthSettings(_Section):
     enabled: bool = Field(True, description="Evaluate the health table while training (log events, metrics, actions).")
-    window: int = Field(20, ge=2, description="Smoothing window in steps for the detectors.")
+    window: int | None = Field(
+        None, ge=2, description="Detector window in steps; default: enough steps for ~400 completions (5..100)."
+    )
     stop_on: list[str] = Field(default_factory=lambda: ["reward_saturated"],
                                description="Conditions that end the run early as a success (checkpoint kept).")
     halt_on: list[str] = Field(default_factory=lambda: ["adv_mean_drift"],

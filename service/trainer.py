@@ -24,7 +24,7 @@ from service.grpo.step import Policy, grpo_step
 from service.record import RunRecord
 from service.rewards import RewardScorer
 from telemetry.health import ingest
-from telemetry.health.detectors import Thresholds
+from telemetry.health.detectors import Thresholds, auto_window
 from telemetry.health.monitor import HealthMonitor
 from telemetry.interface import StepSink
 from telemetry.schema import Eval, RunInfo, Scales, StepStats
@@ -129,7 +129,8 @@ class Trainer:
         self.record = RunRecord(run_dir, [r.name for r in cfg.rewards])
         self.sinks = [self.record, *sinks]
         h = cfg.health
-        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=h.window)) \
+        window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
+        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window)) \
             if h.enabled else None
         self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None

@@ -48,6 +48,17 @@ class Thresholds:
     wrong_longer: float = 1.5  # wrong answers this much longer than right ones
 
 
+WINDOW_COMPLETIONS = 400  # a window mean of 0/1 rewards over 400 samples has SE <= 0.025
+
+
+def auto_window(completions_per_step: int | None, default: int = 20) -> int:
+    """Steps per detector window: enough completions for a stable mean (~400), within 5..100 steps.
+    64 completions a step (the demo) -> 7 steps; one prompt x G=8 (the book runs) -> 50."""
+    if not completions_per_step:
+        return default
+    return int(min(100, max(5, math.ceil(WINDOW_COMPLETIONS / completions_per_step))))
+
+
 @dataclass(frozen=True)
 class Condition:
     id: str

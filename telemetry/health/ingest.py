@@ -30,6 +30,7 @@ class RunLog:
     source: str
     format: str
     group_size: int | None = None
+    completions_per_step: int | None = None
     max_new_tokens: int | None = None
     max_reward: float = 1.0
     ln_vocab: float | None = None
@@ -131,6 +132,8 @@ def _sentinel(path: Path) -> RunLog:
         cfg = yaml.safe_load(cfg_path.read_text()) or {}
         g = cfg.get("grpo", {})
         log.group_size, log.max_new_tokens = g.get("group_size"), g.get("max_new_tokens")
+        if log.group_size and g.get("prompts_per_step"):
+            log.completions_per_step = log.group_size * g["prompts_per_step"]
         log.max_reward = max(1.0, sum(max(r.get("weight", 1.0), 0.0) for r in cfg.get("rewards", [])))
     if log.has("entropy_norm") and log.has("entropy"):
         ratio = series["entropy"] / series["entropy_norm"]
