@@ -41,8 +41,10 @@ def prometheus(tmp_path):
             pytest.fail("prometheus is not installed (.ci/run installs Debian's package)")
         pytest.skip("prometheus not installed: apt-get install prometheus")
     target, web = free_port(), free_port()
+    rules = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "grpo-rules.yml"
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 200ms, evaluation_interval: 200ms}\n"
+        f"rule_files: ['{rules}']\n"
         f"scrape_configs: [{{job_name: grpo, static_configs: [{{targets: ['127.0.0.1:{target}']}}]}}]\n")
     proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -93,6 +95,7 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     assert last("grpo_reward_sum") / last("grpo_reward_count") == pytest.approx(mean_reward, abs=1e-5)
     assert last("grpo_steps_total") == STEPS
     assert last("grpo_tokens_total") == pytest.approx(sum(float(r["response_len"]) * 64 for r in rows), abs=0.5)
+    assert query("last_over_time(ALERTS[10m])") == []  # the rules are loaded; a healthy run fires none
     info = query("last_over_time(target_info[5m])")
     assert info and info[0]["metric"]["grpo_run_id"] == "r" and info[0]["metric"]["service_name"] == "grpo-sentinel"
 
@@ -162,3 +165,18 @@ def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     assert [r["step"] for r in csv_rows(tmp_path / "r")] == [str(i) for i in range(1, 21)]
     assert sink.export_failures["otlp"] > 0
     assert time.monotonic() - t0 < 120  # the exit does not wait out the exporter's retries
+
+
+def test_an_induced_collapse_brings_its_alert(tmp_path, prometheus, demo_dir):
+    """The real rules on a real scrape: lr 1e-2 on the tiny model loses every group's signal; the
+    trainer's verdict reaches Prometheus and GRPOHealthCondition goes pending. (Alerts use `for:`
+    of minutes; a short run sees them pending, which is what /api/v1/alerts and ALERTS show first.)"""
+    query, target, web = prometheus
+    p = subprocess.run(cli("train", "--steps", "40", "--out", str(tmp_path), "--set", "run.run_id=bad",
+                           "--set", "optim.lr=1e-2", "--set", "run.sample_every=20", "--set", "health.stop_on=[]",
+                           "--set", f"telemetry.prometheus_port={target}", "--set", "telemetry.linger_s=2"),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    fired = {(r["metric"]["alertname"], r["metric"].get("condition")) for r in query("last_over_time(ALERTS[10m])")}
+    assert ("GRPOHealthCondition", "signal_vanished") in fired, fired
+    assert any(name == "GRPOHealthCondition" and cond in ("kl_runaway", "kl_dominant") for name, cond in fired), fired

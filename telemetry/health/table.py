@@ -55,3 +55,37 @@ TABLE: list[Row] = [
 ]
 
 BY_ID = {r.id: r for r in TABLE}
+
+
+OPERATIONAL = [
+    ("training-stalled", "critical", "no step completed for 15 minutes (`grpo_step_last_timestamp_seconds`)",
+     "a hung process, a lost GPU, a stuck data loader or reward function", "check the trainer process, its GPU and its data loader"),
+    ("metrics-export-failing", "warning", "OTLP metric exports failing (`grpo_telemetry_export_failures_total`)",
+     "the collector is down or unreachable; training is unaffected", "check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)"),
+]
+
+
+def runbook_markdown() -> str:
+    """docs/runbook.md, generated: `python -m telemetry.health.table > docs/runbook.md` (a test checks it)."""
+    out = ["# Runbook", "",
+           "Generated from `telemetry/health/table.py`; do not edit by hand. One section per health condition",
+           "(the anchors that alert `runbook_url`s point at). The trainer's own detectors evaluate every row and",
+           "export `grpo_health_condition{condition, severity}`; `grpo-sentinel diagnose` gives the same verdicts",
+           "offline with the evidence. Read the curves together: every single curve has two opposite explanations.", ""]
+    for r in TABLE:
+        out += [f"## {r.id}", "", f"**Severity**: {r.severity}.", "", f"**Signals, read together**: {r.signals}.", "",
+                f"**Likely cause**: {r.cause}.", "", f"**Do**: {r.action}.", ""]
+        if r.id == "entropy_blowup":
+            out += ["**Do not** page on entropy rising while reward rises and groups still carry signal: that is "
+                    "healthy exploration (`exploration`, info only).", ""]
+        if r.id == "signal_vanished":
+            out += ["**Do not** read `adv_std` for this: under group normalisation it never exceeds 1; "
+                    "`frac_zero_std` (and its all-correct / all-wrong split) is the gauge.", ""]
+    for anchor, severity, signals, cause, action in OPERATIONAL:
+        out += [f"## {anchor}", "", f"**Severity**: {severity}.", "", f"**Signal**: {signals}.", "",
+                f"**Likely cause**: {cause}.", "", f"**Do**: {action}.", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(runbook_markdown(), end="")
