@@ -74,11 +74,13 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loop_state: dic
 
 
 def mark_last_healthy(ckpt: Checkpoint) -> Path:
-    """Copy `ckpt` to `last-healthy/` (atomically, replacing the previous one): the rollback target."""
+    """Make `last-healthy/` (atomically, replacing the previous one) the rollback target. Hard links, not
+    copies: a sealed checkpoint's files are never rewritten, so this costs no I/O, and pruning the
+    original later leaves the linked files in place."""
     dst = ckpt.path.parent / "last-healthy"
     tmp = ckpt.path.parent / f".tmp-last-healthy-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(ckpt.path, tmp)
+    shutil.copytree(ckpt.path, tmp, copy_function=os.link)
     old = ckpt.path.parent / f".tmp-old-last-healthy-{os.getpid()}"
     if dst.exists():
         dst.rename(old)

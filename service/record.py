@@ -90,7 +90,9 @@ class RunRecord:
     def on_step(self, stats: StepStats) -> None:
         row = stats.row()
         self.steps.append(row)
-        self._window.append(row)
+        # Average what the CSV holds, not the in-memory floats: a resumed run re-reads its open window
+        # from steps.csv, and both must give the same curve row to the last digit.
+        self._window.append(_parse({k: _fmt(v) for k, v in row.items()}))
         if stats.eval is not None:
             self.curve.append(self._window_row(row))
             self._window = []

@@ -197,11 +197,11 @@ class Trainer:
                 log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
                 self._checkpoint()
                 return "halted"
-            if verdict is not None and verdict.stop:
-                kind, _, cid = verdict.stop.partition(": ")
-                log.warning("health: %s on %s at step %d (health.%s_on)", kind, cid, st.step, kind)
+            if verdict is not None and verdict.action:
+                log.warning("health: %s on %s at step %d (health.%s_on)", verdict.action, verdict.because, st.step,
+                            verdict.action)
                 self._checkpoint()
-                return "halted" if kind == "halt" else "stopped_early"
+                return "halted" if verdict.action == "halt" else "stopped_early"
             if st.step % cfg.run.checkpoint_every == 0 or st.step == cfg.run.steps:
                 self._checkpoint()
         return "completed"

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 class Verdict:
     active: tuple[Condition, ...]  # conditions that hold at this step
     new: tuple[Condition, ...]  # ... of which these were not active at the previous step
-    stop: str = ""  # why the run should end now ('' = carry on)
+    action: str = ""  # '' carry on | 'stop' end early as a success | 'halt' end as broken
+    because: str = ""  # the condition that asked for the action
 
     @property
     def critical(self) -> bool:
@@ -80,9 +81,10 @@ class HealthMonitor:
                     "health: %s %s since step %d: %s | cause: %s | action: %s",
                     c.severity.upper(), c.id, c.first_step, c.evidence, c.cause, c.action)
         ids = {c.id for c in active}
-        stop = next((f"halt: {i}" for i in sorted(ids & self.halt_on)), "") or \
-            next((f"stop: {i}" for i in sorted(ids & self.stop_on)), "")
-        return Verdict(active, new, stop)
+        for action, wanted in (("halt", self.halt_on), ("stop", self.stop_on)):  # halting wins
+            if ids & wanted:
+                return Verdict(active, new, action, min(ids & wanted))
+        return Verdict(active, new)
 
     def _eval_n(self) -> int | None:
         n = [x for x in self._rows.get("eval_n", []) if not math.isnan(x)]
