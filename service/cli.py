@@ -72,9 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     diag.add_argument("--max-new-tokens", type=int, help="completion cap, if the log does not say (for length_pathology)")
     diag.add_argument("--vocab-size", type=int, help="V, if the log does not say (entropy ceiling ln V)")
     diag.add_argument("--eval-n", type=int, help="held-out set size, if the log does not say (accuracy noise)")
+    rules = sub.add_parser("rules", help="print the Prometheus alert rules (deploy/prometheus/grpo-rules.yml) with "
+                                         "your windows and thresholds")
+    rules.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                       help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
+                            "max_reward=1, runbook=URL, or any detector threshold, e.g. kl_bound=0.5 (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         return _diagnose(args)
+    if args.command == "rules":
+        return _rules(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never reach for a hub
     return _train(args)
@@ -118,6 +125,18 @@ def _diagnose(args) -> int:
             print(f"grpo-sentinel diagnose: {e}", file=sys.stderr)
             return EXIT_BAD_INPUT
     print(json.dumps(to_json(result, log, th), indent=1) if args.json else to_text(result, log, th))
+    return 0
+
+
+def _rules(args) -> int:
+    from telemetry.health.rules import RuleParams, render, with_settings
+
+    try:
+        params = with_settings(RuleParams(), args.settings)
+    except ValueError as e:
+        print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(render(params), end="")
     return 0
 
 

@@ -187,7 +187,7 @@ class Trainer:
             stats = self._train_one()
             verdict = self.monitor.observe(stats) if self.monitor else None
             if verdict is not None:
-                stats = replace(stats, health=tuple(c.id for c in verdict.active))
+                stats = replace(stats, health=tuple(c.id for c in verdict.active), health_new=tuple(c.id for c in verdict.new))
                 self._healthy = not verdict.critical
                 for c in verdict.new:
                     st.conditions.setdefault(c.id, c.first_step)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from telemetry.health.table import BY_ID, TABLE
 from telemetry.schema import Scales, StepStats
 
 
@@ -74,9 +75,15 @@ def _accuracy(s: StepStats) -> Points:
 
 
 def _health(s: StepStats) -> Points:
-    from telemetry.health.table import TABLE
-
     return [(float(r.id in s.health), {"condition": r.id, "severity": r.severity}) for r in TABLE]
+
+
+def _health_new(s: StepStats) -> Points:
+    return [(1.0, {"condition": c, "severity": BY_ID[c].severity}) for c in s.health_new]
+
+
+def _health_rows() -> tuple[dict[str, str], ...]:
+    return tuple({"condition": r.id, "severity": r.severity} for r in TABLE)
 
 
 def _skipped(s: StepStats) -> Points:
@@ -140,6 +147,9 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.health.condition", "gauge", "1", "step and condition",
            "1 while a health-table condition holds, else 0 (attributes `condition`, `severity`).", _health),
     # Counters
+    Metric("grpo.health.episodes", "counter", "{episode}", "episode",
+           "Health-condition episodes begun (attributes `condition`, `severity`): a one-step condition, e.g. a loss "
+           "spike, between two scrapes is still counted.", _health_new, initial=_health_rows()),
     Metric("grpo.steps", "counter", "{step}", "step", "Optimizer steps completed (skipped updates included).",
            lambda s: [(1.0, {})]),
     Metric("grpo.completions", "counter", "{completion}", "step", "Completions sampled.",

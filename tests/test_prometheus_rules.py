@@ -1,4 +1,5 @@
-"""Alert rules: promtool-valid, unit-tested, only catalogue metrics, runbook anchors that exist."""
+"""Alert rules and dashboard: generated files equal to their generators, promtool-valid, unit-tested,
+only catalogue metrics, runbook anchors that exist."""
 
 import os
 import re
@@ -8,9 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, cli
+from telemetry import dashboard
 from telemetry.catalogue import CATALOGUE
-from telemetry.health.table import runbook_markdown
+from telemetry.health import rules as rulegen
+from telemetry.health.table import TABLE, runbook_markdown
 
 RULES = REPO / "deploy" / "prometheus" / "grpo-rules.yml"
 
@@ -36,13 +39,50 @@ def test_rule_unit_tests(promtool):
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
+CATALOGUE_NAMES = {n for m in CATALOGUE for n in m.prometheus_names()}
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bgrpo[_:][a-z0-9_:]+", expr))
+
+
+def test_committed_rules_are_the_generated_defaults():
+    assert RULES.read_text() == rulegen.render(), "run: python -m telemetry.health.rules > deploy/prometheus/grpo-rules.yml"
+
+
+def test_one_alert_per_table_row_with_its_severity_and_words():
+    alerts = {r["alert"]: r for g in rulegen.rules()["groups"] for r in g["rules"] if "alert" in r}
+    for row in TABLE:
+        a = alerts[rulegen.alert_name(row.id)]
+        assert a["labels"]["condition"] == row.id
+        assert row.severity in a["labels"]["severity"]
+        assert (a["annotations"]["cause"], a["annotations"]["action"]) == (row.cause, row.action)
+        # A trainer-side row reads the verdict the trainer exports; a PromQL row never does (but entropy_blowup, half and half).
+        assert ("grpo_health_condition" in a["expr"]) == (row.id in rulegen.TRAINER_SIDE or row.id in rulegen.PARTLY_TRAINER_SIDE)
+    assert {"GRPOTrainingStalled", "GRPOMetricsExportFailing"} <= set(alerts)
+
+
+def test_rules_cli_writes_a_variant_and_rejects_bad_settings(tmp_path, promtool):
+    p = subprocess.run(cli("rules", "--set", "window=10m", "--set", "kl_bound=0.5", "--set", "pending=30s"),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    alerts = {r.get("alert"): r for g in yaml.safe_load(p.stdout)["groups"] for r in g["rules"]}
+    assert "grpo:kl_mean:avg_w > 0.5" in alerts["GRPOKLRunaway"]["expr"] and alerts["GRPOKLRunaway"]["for"] == "30s"
+    assert "[10m]" in p.stdout and "[5m]" not in p.stdout
+    (tmp_path / "r.yml").write_text(p.stdout)
+    assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
+    for bad, says in (("klbound=1", "unknown rule setting 'klbound'; known: window"), ("window=5x", "not a duration"),
+                      ("kl_bound=high", "not a number"), ("nonfinite_run=2.5", "not a whole number"), ("kl_bound", "NAME=VALUE")):
+        p = subprocess.run(cli("rules", "--set", bad), capture_output=True, text=True)
+        assert p.returncode == 2 and says in p.stderr and not p.stdout, (bad, p.stderr)
+
+
 def test_rules_use_only_catalogue_metrics_and_existing_runbook_anchors():
     groups = yaml.safe_load(RULES.read_text())["groups"]
     rules = [r for g in groups for r in g["rules"]]
     recorded = {r["record"] for r in rules if "record" in r}
-    known = {n for m in CATALOGUE for n in m.prometheus_names()} | recorded
-    used = {name for r in rules for name in re.findall(r"\bgrpo[_:][a-z0-9_:]+", r["expr"])}
-    assert used <= known, f"not in the catalogue: {used - known}"
+    used = {name for r in rules for name in metric_names(r["expr"])}
+    assert used <= CATALOGUE_NAMES | recorded, f"not in the catalogue: {used - CATALOGUE_NAMES - recorded}"
     anchors = set(re.findall(r"^## (\S+)$", (REPO / "docs" / "runbook.md").read_text(), re.M))
     for r in rules:
         if "alert" in r:
@@ -54,3 +94,39 @@ def test_rules_use_only_catalogue_metrics_and_existing_runbook_anchors():
 def test_runbook_is_generated_from_the_table():
     assert (REPO / "docs" / "runbook.md").read_text() == runbook_markdown(), \
         "run: python -m telemetry.health.table > docs/runbook.md"
+
+
+GRAFANA_VARS = {"$job": "grpo", "$instance": ".*", "$window": "5m", "$__rate_interval": "1m", "$__range": "1h"}
+
+
+def grafana_to_promql(expr: str) -> str:
+    for var, value in GRAFANA_VARS.items():
+        expr = expr.replace(var, value)
+    assert "$" not in expr, f"a variable the checks do not know: {expr}"
+    return expr
+
+
+def test_committed_dashboard_is_the_generated_one():
+    path = REPO / "grafana" / "dashboards" / "grpo-health.json"
+    assert path.read_text() == dashboard.render(), "run: python -m telemetry.dashboard > grafana/dashboards/grpo-health.json"
+
+
+def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promtool):
+    board = dashboard.build()
+    qs = dashboard.queries(board)
+    assert len(qs) >= 30
+    used = set().union(*(metric_names(e) for _, e in qs))
+    assert used <= CATALOGUE_NAMES, f"not in the catalogue: {used - CATALOGUE_NAMES}"
+    # promtool parses PromQL in rule files: every query as a recording rule.
+    doc = {"groups": [{"name": "dashboard", "rules": [{"record": f"q:{i}", "expr": grafana_to_promql(e)}
+                                                      for i, (_, e) in enumerate(qs)]}]}
+    (tmp_path / "q.yml").write_text(yaml.safe_dump(doc))
+    p = subprocess.run([promtool, "check", "rules", str(tmp_path / "q.yml")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert all(p.get("description") for p in panels), [p["title"] for p in panels if not p.get("description")]
+    assert {v["name"] for v in board["templating"]["list"]} >= {"datasource", "run", "instance", "window", "langfuse_url"}
+    links = [link["url"] for p in panels for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])]
+    assert links and all(u.startswith("${langfuse_url}") and "${run}" in u for u in links)
+    kinds = {p["type"] for p in panels}
+    assert {"timeseries", "heatmap", "state-timeline", "stat"} <= kinds

@@ -40,6 +40,7 @@ class Thresholds:
     kl_bound: float = 1.0  # per-token k3 KL, window mean
     kl_flat: float = 1e-3  # "KL ~ 0"
     kl_dominant_min: float = 0.05
+    kl_dominant_zero: float = 0.95  # frac_zero_std at which no group is left to learn from
     small_group: int = 4  # G at or below which group statistics are too noisy
     small_group_zero: float = 0.4  # frac_zero_std that counts as high for G <= 4 (p^4 + (1-p)^4 >= 1/8 always)
     loose_gap: float = 0.3  # reward (as a fraction of max) above held-out accuracy
@@ -301,7 +302,7 @@ def kl(c: _Ctx) -> None:
         k_before[2 * c.w:] = k_ma[: -2 * c.w]
         # KL at least doubling within two windows while no group carries signal: the KL term is
         # the only gradient left. A small, slowly growing KL on a saturated task is not this.
-        c.fire("kl_dominant", full & (z >= 0.95) & (k_slope > 0) & (k_ma > c.th.kl_dominant_min) & (k_ma > 2 * k_before),
+        c.fire("kl_dominant", full & (z >= c.th.kl_dominant_zero) & (k_slope > 0) & (k_ma > c.th.kl_dominant_min) & (k_ma > 2 * k_before),
                lambda i, j: f"KL rising to {np.nanmax(k_ma[i:j + 1]):.3g} while {100 * np.nanmin(z[i:j + 1]):.0f} % of groups carry no signal",
                gap=c.w)
 

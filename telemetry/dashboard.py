@@ -1,0 +1,222 @@
+"""The Grafana dashboard, as code: `python -m telemetry.dashboard > grafana/dashboards/grpo-health.json`
+(a test keeps the committed JSON equal, and runs every query against a real Prometheus scraping a
+real trainer).
+
+Built with grafana-foundation-sdk (typed builders for the Grafana 10.1 schema). Panels read the
+exported series as docs/metrics.md names them; each description says how to read the panel, in
+the health table's words. Moving averages use `$window`, the alert rules' window.
+"""
+
+from __future__ import annotations
+
+import json
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common, dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from telemetry.health.table import BY_ID
+
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+RUN = 'job=~"$job", instance=~"$instance"'  # every query's selector: the run chosen above
+
+# Where the Langfuse traces of a run and step open (the trace exporter tags each generation with
+# run id and step). The slot is filled by the `langfuse_url` variable; empty hides nothing.
+LANGFUSE = "${langfuse_url}/traces?search=${run}&from=${__value.time}"
+
+
+def _q(expr: str, legend: str = "", fmt: PromQueryFormat | None = None) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").range()
+    return q.format(fmt) if fmt else q
+
+
+def _sel(metric: str, extra: str = "") -> str:
+    return f"{metric}{{{RUN}{', ' + extra if extra else ''}}}"
+
+
+def _ma(metric: str, extra: str = "") -> str:
+    return f"avg_over_time({_sel(metric, extra)}[$window])"
+
+
+def _read(*rows: str) -> str:
+    """'Read with' lines from the health table: what each pattern on this panel means."""
+    return " ".join(f"{BY_ID[r].signals} -> {r} ({BY_ID[r].severity}: {BY_ID[r].action})." for r in rows)
+
+
+def _timeseries(title: str, description: str, targets: list, unit: str = "none", lo: float | None = None,
+                hi: float | None = None, w: int = 12) -> timeseries.Panel:
+    p = (timeseries.Panel().title(title).description(description).datasource(DS).unit(unit).span(w).height(8)
+         .line_width(1).fill_opacity(0).show_points(common.VisibilityMode.NEVER)
+         .legend(cb.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
+                 .placement(common.LegendPlacement.BOTTOM))
+         .tooltip(cb.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.NONE))
+         .data_links([db.DashboardLink("Generations of run ${run} at this time in Langfuse").url(LANGFUSE)]))
+    if lo is not None:
+        p = p.min(lo)
+    if hi is not None:
+        p = p.max(hi)
+    for i, t in enumerate(targets):
+        p = p.with_target(t.ref_id(chr(65 + i)))
+    return p
+
+
+def _heatmap(title: str, metric: str, description: str, unit: str = "none") -> heatmap.Panel:
+    expr = f"sum by (le) (increase({_sel(metric + '_bucket')}[$__rate_interval]))"
+    return (heatmap.Panel().title(title).description(description + " Colour: completions per bucket per interval.")
+            .datasource(DS).span(8).height(8).calculate(False)
+            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
+                   .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5))
+            .y_axis(heatmap.YAxisConfig().unit(unit))
+            .with_target(_q(expr, "{{le}}", PromQueryFormat.HEATMAP).ref_id("A")))
+
+
+def _stat(title: str, description: str, expr: str, unit: str = "none", legend: str = "") -> stat.Panel:
+    return (stat.Panel().title(title).description(description).datasource(DS).unit(unit).span(4).height(4)
+            .graph_mode(common.BigValueGraphMode.AREA)
+            .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]))
+            .with_target(_q(expr, legend).ref_id("A")))
+
+
+def panels() -> list[tuple[str, list]]:
+    """(row title, panels), top to bottom: verdict first, then the curves that explain it."""
+    conditions = (statetimeline.Panel().title("Health conditions (trainer's monitor)").datasource(DS).span(24).height(10)
+                  .description("One lane per health-table row, red while the trainer's monitor finds it: the same verdicts "
+                               "as `grpo-sentinel diagnose`. Alerts GRPO<Condition> page on these or on their PromQL "
+                               "versions (docs/runbook.md says which); all green is a healthy run.")
+                  .show_value(common.VisibilityMode.NEVER).merge_values(True).row_height(0.8)
+                  .mappings([dm.ValueMap(options={"0": dm.ValueMappingResult(text="ok", color="green"),
+                                                  "1": dm.ValueMappingResult(text="active", color="red")})])
+                  .with_target(_q(f"max by (condition, severity) ({_sel('grpo_health_condition')})",
+                                  "{{condition}} ({{severity}})").ref_id("A")))
+    overview = [
+        conditions,
+        _stat("Step", "The last completed optimizer step.", f"max({_sel('grpo_step')})"),
+        _stat("Tokens / s", "Completion tokens generated per second of step time (last step).",
+              f"max({_sel('grpo_tokens_per_second')})"),
+        _stat("Steps / min", "Optimizer steps per minute over $window; 0 while stalled (GRPOTrainingStalled).",
+              f"60 * sum(rate({_sel('grpo_steps_total')}[$window]))"),
+        _stat("Step time p95", "95th percentile of the step wall time over $window.",
+              f"histogram_quantile(0.95, sum by (le) (rate({_sel('grpo_step_duration_seconds_bucket')}[$window])))", "s"),
+        _stat("Skipped updates", "Updates skipped (non-finite loss/gradients, or no scored sample) in the range.",
+              f"sum(increase({_sel('grpo_updates_skipped_total')}[$__range]))"),
+        _stat("Invalid rewards", "Reward calls that raised or returned None/NaN/inf in the range.",
+              f"sum(increase({_sel('grpo_reward_invalid_total')}[$__range])) or vector(0)"),
+    ]
+    reward = [
+        _timeseries("Reward", "Mean combined reward per step and its $window moving average. Never read it alone: "
+                    + _read("reward_saturated", "plateau_grader_loose", "kl_runaway"),
+                    [_q(_sel("grpo_reward_mean"), "reward"), _q(_ma("grpo_reward_mean"), "moving mean")]),
+        _timeseries("Held-out accuracy vs reward",
+                    "sample_acc on the fixed held-out set (sampled and greedy) against the reward and the verifier's "
+                    "acceptance of the training completions. " + _read("reward_hacking", "late_degradation", "plateau_grader_loose"),
+                    [_q(_sel("grpo_sample_acc"), "sample_acc {{mode}}"), _q(_ma("grpo_reward_mean"), "reward (moving mean)"),
+                     _q(_ma("grpo_train_accuracy"), "train accuracy (moving mean)")], "percentunit", 0, 1),
+        _timeseries("Groups without signal", "Fraction of groups whose rewards are all equal (no gradient), split into "
+                    "all-correct and all-wrong. " + _read("signal_vanished", "kl_dominant", "plateau_small_group"),
+                    [_q(_sel("grpo_frac_zero_std"), "{{outcome}}"), _q(_ma("grpo_frac_zero_std", 'outcome="any"'), "any (moving mean)")],
+                    "percentunit", 0, 1),
+    ]
+    kl_loss = [
+        _timeseries("KL to the reference", "Token-mean k3 KL per step and its moving mean (absent when beta = 0). "
+                    + _read("kl_runaway", "kl_dominant", "plateau_kl_flat"),
+                    [_q(_sel("grpo_kl_mean"), "kl"), _q(_ma("grpo_kl_mean"), "moving mean")]),
+        _timeseries("Loss", "The loss actually back-propagated; exactly 0 on a step without signal. "
+                    + _read("loss_spike", "kl_only_learning"),
+                    [_q(_sel("grpo_loss"), "loss"), _q(_ma("grpo_loss"), "moving mean")]),
+    ]
+    entropy = [
+        _timeseries("Entropy", "Token-mean entropy (nats, un-tempered) and its moving mean. "
+                    + _read("entropy_collapse", "exploration"),
+                    [_q(_sel("grpo_entropy_mean"), "entropy"), _q(_ma("grpo_entropy_mean"), "moving mean")]),
+        _timeseries("Entropy / ln V", "Entropy as a fraction of the uniform distribution's (1 = random text). "
+                    + _read("entropy_blowup"), [_q(_sel("grpo_entropy_normalized"), "entropy / ln V")], "percentunit", 0, 1),
+    ]
+    advantages = [
+        _timeseries("Advantage mean", "Must sit at 0 within float rounding: anything else is a bug. " + _read("adv_mean_drift"),
+                    [_q(_sel("grpo_advantage_mean"), "mean")]),
+        _timeseries("Advantage std", "Unbiased std of advantages; at most 1 under group scaling, lower when many groups "
+                    "carry no signal (read the zero-signal panel, not this, for signal_vanished).",
+                    [_q(_sel("grpo_advantage_std"), "std"), _q(_ma("grpo_advantage_std"), "moving mean")]),
+    ]
+    lengths = [
+        _timeseries("Completion length", "Mean tokens per completion, right vs wrong answers (every completion counts). "
+                    + _read("length_pathology"),
+                    [_q(f"sum by (correct) (rate({_sel('grpo_completion_length_sum')}[$window])) / "
+                        f"sum by (correct) (rate({_sel('grpo_completion_length_count')}[$window]))", "correct={{correct}}")]),
+        _timeseries("Truncation", "Fraction of completions that hit max_new_tokens, and its moving mean.",
+                    [_q(_sel("grpo_truncation_rate"), "truncated"), _q(_ma("grpo_truncation_rate"), "moving mean")],
+                    "percentunit", 0, 1),
+    ]
+    distributions = [
+        _heatmap("Reward distribution", "grpo_reward", "Per-completion reward: a healthy run moves mass upwards while "
+                 "keeping spread within groups."),
+        _heatmap("KL distribution", "grpo_kl", "Per-completion k3 KL: a long right tail is a few completions running "
+                 "off the reference before the mean shows it."),
+        _heatmap("Entropy distribution", "grpo_entropy", "Per-completion entropy (nats): mass collapsing to 0 is "
+                 "repetition; mass moving towards ln V is random text."),
+        _heatmap("|Advantage| distribution", "grpo_advantage_abs", "abs(advantage): mass at 0 is groups without signal."),
+        _heatmap("Group reward std", "grpo_group_reward_std", "Per-group reward std: the lowest bucket is groups that "
+                 "teach nothing."),
+        _heatmap("Completion length", "grpo_completion_length", "Tokens per completion: mass pinned at the top bucket "
+                 "is truncation."),
+    ]
+    throughput = [
+        _timeseries("Throughput", "Completion tokens per second of step time, and steps per minute.",
+                    [_q(_sel("grpo_tokens_per_second"), "tokens/s"),
+                     _q(f"60 * sum(rate({_sel('grpo_steps_total')}[$window]))", "steps/min")]),
+        _timeseries("Step time", "Step wall time quantiles (rollout to optimizer step) over $window.",
+                    [_q(f"histogram_quantile({q}, sum by (le) (rate({_sel('grpo_step_duration_seconds_bucket')}[$window])))",
+                        f"p{int(q * 100)}") for q in (0.5, 0.95)], "s"),
+        _timeseries("Telemetry health", "Failed OTLP exports and rejected histogram values per $window "
+                    "(GRPOMetricsExportFailing pages on the first).",
+                    [_q(f"sum by (exporter) (increase({_sel('grpo_telemetry_export_failures_total')}[$window]))", "export failures {{exporter}}"),
+                     _q(f"sum(increase({_sel('grpo_histogram_rejected_total')}[$window])) or vector(0)", "rejected histogram values")]),
+    ]
+    return [("Health", overview), ("Reward and signal", reward), ("KL and loss", kl_loss), ("Entropy", entropy),
+            ("Advantages", advantages), ("Lengths", lengths), ("Distributions", distributions), ("Throughput", throughput)]
+
+
+def variables() -> list:
+    label = 'label_values(target_info{job=~"$job"}, grpo_run_id)'
+    return [
+        db.DatasourceVariable("datasource").label("Prometheus").type("prometheus"),
+        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(target_info{service_name=\"grpo-sentinel\"}, job)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
+        db.QueryVariable("run").label("Run").datasource(DS).query(label).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .description("The run id (grpo.run_id); the trainer it ran on is the hidden `instance`."),
+        db.QueryVariable("instance").datasource(DS).query('label_values(target_info{job=~"$job", grpo_run_id="$run"}, instance)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).hide(dm.VariableHide.HIDE_VARIABLE),
+        db.CustomVariable("window").label("Moving average").values("5m,1m,2m,10m,30m,1h")
+        .description("Window of the moving means; 5m is the alert rules' default window."),
+        db.TextBoxVariable("langfuse_url").label("Langfuse").default_value("http://langfuse:3000")
+        .description("Base URL of the Langfuse the trainer sends generations to (panel data links open there)."),
+    ]
+
+
+def build() -> dict:
+    d = (db.Dashboard("GRPO training health").uid("grpo-health").tags(["grpo", "grpo-sentinel"]).editable()
+         .description("grpo-sentinel: the health table on a live GRPO run. Generated by telemetry/dashboard.py.")
+         .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-6h", "now").refresh("30s")
+         .variables(variables()))
+    for title, row in panels():
+        d = d.with_row(db.Row(title))
+        for p in row:
+            d = d.with_panel(p)
+    return json.loads(json.dumps(d.build(), cls=JSONEncoder))
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+def queries(board: dict) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query of every panel."""
+    return [(p["title"], t["expr"]) for p in board["panels"] for t in p.get("targets", [])]
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,336 @@
+"""The health table as Prometheus rules: recording rules for the derived signals and one alert per
+row, `GRPO<Condition>`, generated from the table and the detectors' thresholds.
+
+Rows the exported series can express are PromQL with the detectors' statistics and thresholds
+(telemetry/health/detectors.py), windows in seconds instead of steps: a window mean is the mean of
+the per-step gauges scraped in the window, a slope the difference of two consecutive window means.
+The rows in TRAINER_SIDE cannot be written in PromQL (the reason is given, and printed in the
+runbook); their alerts page on the verdict the trainer's own monitor exports.
+
+`python -m telemetry.health.rules > deploy/prometheus/grpo-rules.yml` writes the defaults (a test keeps the
+committed file equal); `grpo-sentinel rules --window 10m --set kl_bound=0.5` writes a variant.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+
+import yaml
+
+from telemetry.health.detectors import Thresholds
+from telemetry.health.table import BY_ID, TABLE
+
+TRAINER_SIDE = {
+    "loss_spike": "a spike is one step, and a scrape sees one step in every (scrape interval / step time); the "
+                  "trainer sees every step, and its episode counter survives the scrape gap",
+    "late_degradation": "it reads held-out accuracy per evaluation point against the binomial noise of the eval set; "
+                        "a time window holds an unknown, varying number of evaluation points",
+    "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point",
+    "entropy_collapse": "it compares entropy with the run's own early baseline, and PromQL has no anchor at the "
+                        "start of a run",
+    "exploration": "as entropy_collapse: entropy relative to the run's early baseline",
+}
+PARTLY_TRAINER_SIDE = {
+    "entropy_blowup": "PromQL pages on entropy near ln V; 'rising far above the early baseline while reward falls' "
+                      "needs the baseline, so that half comes from the trainer's verdict",
+}
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    window: int = 300  # s: the detectors' `window` of steps, in time (5 min: 20 steps of 15 s)
+    pending: int = 120  # s a condition must hold before it fires (`for:`); window means already smooth the noise
+    stall: int = 900  # s without a completed step before GRPOTrainingStalled
+    max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
+    runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+def duration(seconds: float) -> str:
+    """Prometheus duration: 300 -> '5m', 90 -> '90s'."""
+    s = int(round(seconds))
+    for unit, size in (("h", 3600), ("m", 60)):
+        if s % size == 0 and s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def parse_duration(text: str) -> int:
+    """'5m' -> 300, '90s' -> 90, '1h30m' -> 5400, '300' -> 300."""
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    parts = re.findall(r"(\d+)([hms])", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 300, 90s, 5m, 1h)")
+    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
+# The detector thresholds the PromQL rows read (the others belong to trainer-side rows).
+RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", "kl_flat", "reward_drop", "loose_gap",
+                   "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
+                   "entropy_blowup_lnv", "truncation", "wrong_longer")
+
+
+def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
+    """Apply NAME=VALUE settings (a RuleParams field or a threshold in RULE_THRESHOLDS); any problem
+    raises ValueError saying what to write instead."""
+    own = [f.name for f in fields(RuleParams) if f.name != "thresholds"]
+    p_kw, th_kw = {}, {}
+    for s in settings:
+        name, eq, value = s.partition("=")
+        if not eq:
+            raise ValueError(f"{s!r}: write NAME=VALUE, e.g. kl_bound=0.5")
+        if name not in own and name not in RULE_THRESHOLDS:
+            raise ValueError(f"unknown rule setting {name!r}; known: {', '.join(own + list(RULE_THRESHOLDS))}")
+        try:
+            if name in ("window", "pending", "stall"):
+                p_kw[name] = parse_duration(value)
+            elif name == "runbook":
+                p_kw[name] = value
+            elif name in own:
+                p_kw[name] = float(value)
+            else:
+                x, kind = float(value), type(getattr(p.thresholds, name))
+                if kind is int and not x.is_integer():
+                    raise ValueError
+                th_kw[name] = kind(x)
+        except ValueError:
+            want = {"window": "duration", "pending": "duration", "stall": "duration", "small_group": "whole number",
+                    "nonfinite_run": "whole number"}.get(name, "number")
+            raise ValueError(f"{name}={value!r} is not a {want}") from None
+    return replace(p, **p_kw, thresholds=replace(p.thresholds, **th_kw))
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def recording_rules(p: RuleParams) -> list[dict]:
+    w, w2 = duration(p.window), duration(2 * p.window)
+
+    def avg(metric: str, rng: str, offset: str = "", sel: str = "") -> str:
+        off = f" offset {offset}" if offset else ""
+        return f"avg by (job, instance) (avg_over_time({metric}{sel}[{rng}]{off}))"
+
+    def length_mean(offset: str = "") -> str:
+        off = f" offset {offset}" if offset else ""
+        return (f"sum by (job, instance, correct) (rate(grpo_completion_length_sum[{w}]{off}))\n"
+                f"/ sum by (job, instance, correct) (rate(grpo_completion_length_count[{w}]{off}))")
+
+    rules = {
+        # Window means of per-step gauges (w = the window, 2w = two windows), and the same window
+        # one and two windows earlier: a slope is the difference of consecutive window means.
+        "grpo:reward_mean:avg_w": avg("grpo_reward_mean", w),
+        "grpo:reward_mean:avg_w_prev": avg("grpo_reward_mean", w, w),
+        "grpo:reward_mean:avg_2w": avg("grpo_reward_mean", w2),
+        # Reward change over the last two windows (detectors._reward_flat): ~0 on a plateau.
+        "grpo:reward_mean:gain_2w": "2 * (grpo:reward_mean:avg_w - grpo:reward_mean:avg_2w)",
+        "grpo:kl_mean:avg_w": avg("grpo_kl_mean", w),
+        "grpo:kl_mean:avg_w_prev": avg("grpo_kl_mean", w, w),
+        "grpo:kl_mean:avg_w_prev2": avg("grpo_kl_mean", w, w2),
+        "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='{outcome="any"}'),
+        "grpo:train_accuracy:avg_w": avg("grpo_train_accuracy", w),
+        "grpo:train_accuracy:avg_2w": avg("grpo_train_accuracy", w2),
+        # Reward above what the strict verifier accepts on the same completions (both as fractions).
+        "grpo:reward_over_accuracy:avg_2w": f"grpo:reward_mean:avg_2w / {_num(p.max_reward)} - grpo:train_accuracy:avg_2w",
+        "grpo:loss:avg_2w": avg("grpo_loss", w2),
+        "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
+        # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
+        "grpo:loss:se_2w": (f"avg by (job, instance) (stddev_over_time(grpo_loss[{w2}]))\n"
+                            f"/ sqrt(avg by (job, instance) (count_over_time(grpo_loss[{w2}])))"),
+        "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
+        "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
+        # Completion length per completion (from the histogram: every completion counts), by correctness.
+        "grpo:completion_length:mean_w": length_mean(),
+        "grpo:completion_length:mean_w_prev": length_mean(w),
+        # Completions per group = G, read from the counts of the reward and group-std histograms.
+        "grpo:group_size:w": (f"sum by (job, instance) (rate(grpo_reward_count[{w}]))\n"
+                              f"/ sum by (job, instance) (rate(grpo_group_reward_std_count[{w}]))"),
+    }
+    return [{"record": k, "expr": v} for k, v in rules.items()]
+
+
+def _aged(p: RuleParams, windows: int) -> str:
+    """Present once the run has `windows` windows of history: detectors only judge full windows."""
+    return f"max by (job, instance) (grpo_step offset {duration(windows * p.window)})"
+
+
+def _verdict(cid: str, p: RuleParams) -> str:
+    """The trainer's verdict: active now, or an episode begun within the last window (a one-step
+    condition may fall between two scrapes; the counter does not)."""
+    return (f'max by (job, instance) (grpo_health_condition{{condition="{cid}"}}) == 1\n'
+            f'or sum by (job, instance) (increase(grpo_health_episodes_total{{condition="{cid}"}}[{duration(p.window)}])) > 0')
+
+
+def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
+    """row id -> (expr, summary, description). Each mirrors its detector in detectors.py."""
+    t, w = p.thresholds, duration(p.window)
+    flat = f"abs(grpo:reward_mean:gain_2w) < {_num(t.reward_drop * p.max_reward)}"
+    return {
+        "adv_mean_drift": (
+            f"max by (job, instance) (abs(grpo_advantage_mean)) > {_num(t.adv_mean_tol)}",
+            "advantage mean {{ $value }} != 0: an implementation bug",
+            f"Per-sequence advantages must average to 0 within each group (tolerance {_num(t.adv_mean_tol)}); the last step's mean is {{{{ $value }}}}."),
+        "nonfinite": (
+            f'round(sum by (job, instance) (increase(grpo_updates_skipped_total{{reason="nonfinite"}}[{w}]))) > 0',
+            "{{ $value }} update(s) skipped for NaN/Inf in the last " + w,
+            f"Updates skipped because the loss or gradients were not finite: {{{{ $value }}}} in {w}; "
+            f"{t.nonfinite_run} or more is critical."),
+        "reward_saturated": (
+            f"grpo:train_accuracy:avg_w >= {_num(t.saturated)} and {_aged(p, 1)}",
+            "correctness {{ $value | humanizePercentage }} over " + w + ": nothing left to learn",
+            f"The verifier accepts {{{{ $value | humanizePercentage }}}} of completions over {w} "
+            f"(threshold {_num(t.saturated)}); groups are all-correct and carry no signal."),
+        "signal_vanished": (
+            f"grpo:frac_zero_std:avg_w >= {_num(t.zero_signal)} and {_aged(p, 1)}",
+            "{{ $value | humanizePercentage }} of groups carry no learning signal",
+            f"frac_zero_std averaged over {w} is {{{{ $value }}}} (threshold {_num(t.zero_signal)}); the all_correct / "
+            "all_wrong split on the dashboard says whether the prompts are too easy or too hard."),
+        "plateau_kl_flat": (
+            f"grpo:kl_mean:avg_w < {_num(t.kl_flat)} and {flat} and {_aged(p, 2)}",
+            "KL {{ $value }} (~0) and reward flat: the policy is not moving",
+            f"Mean KL over {w} is {{{{ $value }}}} (below {_num(t.kl_flat)}) and the reward changed by less than "
+            f"{_num(t.reward_drop * p.max_reward)} over {duration(2 * p.window)}."),
+        "plateau_grader_loose": (
+            f"grpo:reward_over_accuracy:avg_2w >= {_num(t.loose_gap)}\n"
+            f"and grpo:reward_mean:avg_2w / {_num(p.max_reward)} >= {_num(t.loose_reward)}\n"
+            f"and {flat}\nunless grpo:kl_mean:avg_w < {_num(t.kl_flat)}\nand {_aged(p, 2)}",
+            "reward {{ $value | humanizePercentage }} above what the verifier accepts, and flat",
+            f"Over {duration(2 * p.window)} the reward (as a fraction of {_num(p.max_reward)}) exceeds the strict "
+            "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat."),
+        "plateau_small_group": (
+            f"grpo:frac_zero_std:avg_w >= {_num(t.small_group_zero)}\n"
+            f"and grpo:group_size:w <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
+            "G <= " + str(t.small_group) + ": reward flat, {{ $value | humanizePercentage }} of groups without signal",
+            f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
+            "and the reward flat: group statistics are too noisy to learn from."),
+        "kl_runaway": (
+            f"grpo:kl_mean:avg_w > {_num(t.kl_bound)}\nand grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev\nand {_aged(p, 2)}",
+            "KL {{ $value }} per token while reward falls",
+            f"Mean k3 KL over {w} is {{{{ $value }}}} (bound {_num(t.kl_bound)}) and the reward's {w} mean is below "
+            "the previous window's."),
+        "kl_dominant": (
+            f"grpo:kl_mean:avg_w > {_num(t.kl_dominant_min)}\nand grpo:kl_mean:avg_w > 2 * grpo:kl_mean:avg_w_prev2\n"
+            f"and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev\nand on (job, instance) grpo:frac_zero_std:avg_w >= {_num(t.kl_dominant_zero)}",
+            "KL rising to {{ $value }} with no reward signal left",
+            f"Mean KL over {w} is {{{{ $value }}}}, more than twice its value {duration(2 * p.window)} ago, while at least "
+            f"{_num(t.kl_dominant_zero)} of groups carry no reward signal: the KL term is the only gradient."),
+        "kl_only_learning": (
+            "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"
+            "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
+            f"and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > {_num(5 * math.sqrt(2))} * grpo:loss:se_2w\n"
+            f"and {flat}\nand {_aged(p, 4)}",
+            "loss fell to {{ $value }} while the reward is flat",
+            f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
+            "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),
+        "entropy_blowup": (
+            f"grpo:entropy_normalized:avg_w >= {_num(t.entropy_blowup_lnv)} and {_aged(p, 2)}\nor " + _verdict("entropy_blowup", p),
+            "entropy {{ $value }} of ln V: generation turning random",
+            f"Mean entropy over {w} is {{{{ $value }}}} of ln V (threshold {_num(t.entropy_blowup_lnv)}), or the "
+            "trainer saw it rise far above its early baseline while the reward falls."),
+        "length_pathology": (
+            f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
+            f'  grpo:completion_length:mean_w{{correct="false"}}\n'
+            f'  > ignoring (correct) {_num(t.wrong_longer)} * grpo:completion_length:mean_w{{correct="true"}}\n'
+            '  and grpo:completion_length:mean_w{correct="false"} > grpo:completion_length:mean_w_prev{correct="false"}\n'
+            f"  and ignoring (correct) {_aged(p, 1)}\n)",
+            "{{ $value }}: completions pinned at max_new_tokens, or wrong answers growing longer",
+            f"Truncation rate over {w} at or above {_num(t.truncation)}, or wrong completions more than "
+            f"{_num(t.wrong_longer)}x as long as right ones and growing (value: {{{{ $value }}}})."),
+    }
+
+
+def _camel(cid: str) -> str:
+    return "".join(part.upper() if part in ("kl",) else part.capitalize() for part in cid.split("_"))
+
+
+def alert_name(cid: str) -> str:
+    """'kl_runaway' -> 'GRPOKLRunaway'."""
+    return "GRPO" + _camel(cid)
+
+
+def health_rules(p: RuleParams) -> list[dict]:
+    promql, out = _promql(p), []
+    for row in TABLE:
+        if row.id in promql:
+            expr, summary, description = promql[row.id]
+        else:
+            expr = _verdict(row.id, p)
+            summary = f"{row.id} (the trainer's health monitor)"
+            description = (f"The trainer's monitor reports {row.id} (signals: {row.signals}). PromQL cannot express it: "
+                           f"{TRAINER_SIDE[row.id]}. The evidence is in the trainer's log and `grpo-sentinel diagnose`.")
+        rule = {"alert": alert_name(row.id), "expr": expr}
+        if row.id not in ("adv_mean_drift", "nonfinite") and row.id not in TRAINER_SIDE:
+            rule["for"] = duration(p.pending)  # events page at once; window means must hold
+        severity = row.severity
+        if row.id == "nonfinite":  # a single skipped step is a warning; a run of them is critical
+            severity = f"{{{{ if ge $value {_num(p.thresholds.nonfinite_run - 0.5)} }}}}critical{{{{ else }}}}warning{{{{ end }}}}"
+        rule["labels"] = {"severity": severity, "condition": row.id}
+        rule["annotations"] = {
+            "summary": "{{ $labels.instance }}: " + summary,
+            "description": description,
+            "cause": row.cause,
+            "action": row.action,
+            "runbook_url": f"{p.runbook}#{row.id}",
+        }
+        out.append(rule)
+    return out
+
+
+def operational_rules(p: RuleParams) -> list[dict]:
+    return [
+        {"alert": "GRPOTrainingStalled",
+         "expr": f"time() - max by (job, instance) (grpo_step_last_timestamp_seconds) > {p.stall}",
+         "for": "1m",
+         "labels": {"severity": "critical", "condition": "training-stalled"},
+         "annotations": {
+             "summary": "{{ $labels.instance }}: no training step for {{ $value | humanizeDuration }}",
+             "description": f"The last step completed {{{{ $value | humanizeDuration }}}} ago (threshold {duration(p.stall)}).",
+             "cause": "a hung process, a lost GPU, a stuck data loader or reward function",
+             "action": "check the trainer process, its GPU and its data loader",
+             "runbook_url": f"{p.runbook}#training-stalled"}},
+        {"alert": "GRPOMetricsExportFailing",
+         "expr": f"sum by (job, instance) (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
+         "for": duration(2 * p.window),
+         "labels": {"severity": "warning", "condition": "metrics-export-failing"},
+         "annotations": {
+             "summary": "{{ $labels.instance }}: OTLP metric exports failing ({{ $value }} recently)",
+             "description": "The trainer keeps training; metrics pushed over OTLP are being lost.",
+             "cause": "the collector is down or unreachable; training is unaffected",
+             "action": "check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) and its health",
+             "runbook_url": f"{p.runbook}#metrics-export-failing"}},
+    ]
+
+
+def rules(p: RuleParams = RuleParams()) -> dict:
+    return {"groups": [
+        {"name": "grpo-recording", "rules": recording_rules(p)},
+        {"name": "grpo-health", "rules": health_rules(p)},
+        {"name": "grpo-operational", "rules": operational_rules(p)},
+    ]}
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, s: str):
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(p: RuleParams = RuleParams()) -> str:
+    header = (f"# grpo-sentinel health rules, generated by `grpo-sentinel rules` (telemetry/health/rules.py); do not edit.\n"
+              f"# window {duration(p.window)}, for {duration(p.pending)}, max reward {_num(p.max_reward)}; "
+              "thresholds as in telemetry/health/detectors.py.\n"
+              "# Rows the trainer judges itself (PromQL cannot express them) page on grpo_health_condition: "
+              "see docs/runbook.md.\n")
+    return header + yaml.dump(rules(p), Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
+
+
+if __name__ == "__main__":
+    print(render(), end="")

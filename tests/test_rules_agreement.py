@@ -1,0 +1,88 @@
+"""The alert rules agree with `grpo-sentinel diagnose`: every scenario of the diagnosis zoo, one
+step per 15 s scrape, is fed to `promtool test rules`; for every row PromQL can express, the alerts
+that ever fire are exactly the conditions the offline diagnosis reports.
+
+At 15 s a step the default 5 min window is the detectors' default 20 steps, so the rules are the
+committed defaults except `for:` (a paging delay, not part of a condition), which is 0 here.
+"""
+
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+import zoo
+from test_prometheus_rules import promtool  # noqa: F401  (fixture)
+from telemetry.health.detectors import Thresholds, diagnose
+from telemetry.health.ingest import RunLog
+from telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
+
+STEP_S = 15
+COMPLETIONS = zoo.P * zoo.G  # per step, every scenario
+
+
+def _values(x: np.ndarray) -> str:
+    """promtool's sample notation: one value per step, '_' where the gauge was not set."""
+    return " ".join("_" if not np.isfinite(v) else f"{v:.6g}" for v in x)
+
+
+def input_series(log: RunLog) -> list[dict]:
+    """What the trainer's /metrics would show, scraped once per step."""
+    s, n, g = log.series, len(log), log.group_size
+    acc = s["train_acc"]
+    out = {
+        "grpo_step": s["step"], "grpo_reward_mean": s["reward"], "grpo_kl_mean": s["kl"], "grpo_loss": s["loss"],
+        "grpo_entropy_normalized": s["entropy_norm"], "grpo_advantage_mean": s["adv_mean"],
+        'grpo_frac_zero_std{outcome="any"}': s["frac_zero_std"], "grpo_train_accuracy": acc,
+        "grpo_truncation_rate": s["truncation_rate"],
+        # counters: cumulative sums of per-step increments
+        'grpo_updates_skipped_total{reason="nonfinite"}': np.cumsum(s["_nonfinite"]),
+        "grpo_reward_count": np.cumsum(np.full(n, COMPLETIONS)),
+        "grpo_group_reward_std_count": np.cumsum(np.full(n, COMPLETIONS / g)),
+    }
+    for correct, share, length in (("true", acc, s["response_len_correct"]), ("false", 1 - acc, s["response_len_wrong"])):
+        count = COMPLETIONS * share
+        out[f'grpo_completion_length_count{{correct="{correct}"}}'] = np.cumsum(count)
+        out[f'grpo_completion_length_sum{{correct="{correct}"}}'] = np.cumsum(np.nan_to_num(count * length))
+    series = []
+    for name, values in out.items():
+        metric, _, labels = name.partition("{")
+        labels = ('job="grpo",instance="zoo",' + labels.rstrip("}")).rstrip(",")
+        series.append({"series": f"{metric}{{{labels}}}", "values": _values(np.asarray(values, dtype=float))})
+    return series
+
+
+CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
+
+
+def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):  # noqa: F811
+    (tmp_path / "rules.yml").write_text(render(RuleParams(window=Thresholds().window * STEP_S, pending=0)))
+    tests, expected_any = [], set()
+    for gen, seed in CASES:
+        log = zoo.make(gen, seed)
+        found = {c.id for c in diagnose(log).conditions} - set(TRAINER_SIDE)
+        expected_any |= found
+        end = (len(log) - 1) * STEP_S
+        tests.append({
+            "name": f"{gen.__name__} seed {seed}: diagnose reports {sorted(found) or 'nothing'}",
+            "interval": f"{STEP_S}s",
+            "input_series": input_series(log),
+            "promql_expr_test": [{
+                "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
+                "eval_time": f"{end}s",
+                "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)],
+            }],
+        })
+    runs = []
+    for half in (0, 1):  # two promtool processes: one per core
+        name = f"agreement-{half}.test.yml"
+        (tmp_path / name).write_text(yaml.safe_dump(
+            {"rule_files": ["rules.yml"], "evaluation_interval": f"{STEP_S}s", "tests": tests[half::2]}, width=1 << 20))
+        runs.append(subprocess.Popen([promtool, "test", "rules", name], cwd=tmp_path, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for run in runs:
+        out = run.communicate()[0]
+        assert run.returncode == 0, out[-20000:]
+    # The comparison covers the PromQL rows, not just the quiet ones.
+    assert len(expected_any) >= 10, expected_any
