@@ -101,7 +101,8 @@ def panels() -> list[tuple[str, list]]:
               f"60 * sum(rate({_sel('grpo_steps_total')}[$window]))"),
         _stat("Step time p95", "95th percentile of the step wall time over $window.",
               f"histogram_quantile(0.95, sum by (le) (rate({_sel('grpo_step_duration_seconds_bucket')}[$window])))", "s"),
-        _stat("Skipped updates", "Updates skipped (non-finite loss/gradients, or no scored sample) in the range.",
+        _stat("Skipped updates", "Updates skipped (non-finite loss/gradients, or no scored sample) in the range. "
+              + _read("nonfinite"),
               f"sum(increase({_sel('grpo_updates_skipped_total')}[$__range]))"),
         _stat("Invalid rewards", "Reward calls that raised or returned None/NaN/inf in the range.",
               f"sum(increase({_sel('grpo_reward_invalid_total')}[$__range])) or vector(0)"),

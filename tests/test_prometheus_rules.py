@@ -13,7 +13,8 @@ from conftest import REPO, cli
 from telemetry import dashboard
 from telemetry.catalogue import CATALOGUE
 from telemetry.health import rules as rulegen
-from telemetry.health.table import TABLE, runbook_markdown
+from telemetry.health.runbook import markdown as runbook_markdown
+from telemetry.health.table import TABLE
 
 RULES = REPO / "deploy" / "prometheus" / "grpo-rules.yml"
 
@@ -93,7 +94,7 @@ def test_rules_use_only_catalogue_metrics_and_existing_runbook_anchors():
 
 def test_runbook_is_generated_from_the_table():
     assert (REPO / "docs" / "runbook.md").read_text() == runbook_markdown(), \
-        "run: python -m telemetry.health.table > docs/runbook.md"
+        "run: python -m telemetry.health.runbook > docs/runbook.md"
 
 
 GRAFANA_VARS = {"$job": "grpo", "$instance": ".*", "$window": "5m", "$__rate_interval": "1m", "$__range": "1h"}

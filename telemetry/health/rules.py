@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from telemetry.health.detectors import Thresholds
-from telemetry.health.table import BY_ID, TABLE
+from telemetry.health.table import OPERATIONAL, TABLE
 
 TRAINER_SIDE = {
     "loss_spike": "a spike is one step, and a scrape sees one step in every (scrape interval / step time); the "
@@ -280,28 +280,24 @@ def health_rules(p: RuleParams) -> list[dict]:
 
 
 def operational_rules(p: RuleParams) -> list[dict]:
-    return [
-        {"alert": "GRPOTrainingStalled",
-         "expr": f"time() - max by (job, instance) (grpo_step_last_timestamp_seconds) > {p.stall}",
-         "for": "1m",
-         "labels": {"severity": "critical", "condition": "training-stalled"},
-         "annotations": {
-             "summary": "{{ $labels.instance }}: no training step for {{ $value | humanizeDuration }}",
-             "description": f"The last step completed {{{{ $value | humanizeDuration }}}} ago (threshold {duration(p.stall)}).",
-             "cause": "a hung process, a lost GPU, a stuck data loader or reward function",
-             "action": "check the trainer process, its GPU and its data loader",
-             "runbook_url": f"{p.runbook}#training-stalled"}},
-        {"alert": "GRPOMetricsExportFailing",
-         "expr": f"sum by (job, instance) (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
-         "for": duration(2 * p.window),
-         "labels": {"severity": "warning", "condition": "metrics-export-failing"},
-         "annotations": {
-             "summary": "{{ $labels.instance }}: OTLP metric exports failing ({{ $value }} recently)",
-             "description": "The trainer keeps training; metrics pushed over OTLP are being lost.",
-             "cause": "the collector is down or unreachable; training is unaffected",
-             "action": "check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) and its health",
-             "runbook_url": f"{p.runbook}#metrics-export-failing"}},
+    words = {anchor: (severity, cause, action) for anchor, severity, _, cause, action in OPERATIONAL}
+    specs = [
+        ("GRPOTrainingStalled", "training-stalled",
+         f"time() - max by (job, instance) (grpo_step_last_timestamp_seconds) > {p.stall}", "1m",
+         "no training step for {{ $value | humanizeDuration }}",
+         f"The last step completed {{{{ $value | humanizeDuration }}}} ago (threshold {duration(p.stall)})."),
+        ("GRPOMetricsExportFailing", "metrics-export-failing",
+         f"sum by (job, instance) (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
+         duration(2 * p.window), "OTLP metric exports failing ({{ $value }} recently)",
+         "The trainer keeps training; metrics pushed over OTLP are being lost."),
     ]
+    out = []
+    for alert, anchor, expr, pending, summary, description in specs:
+        severity, cause, action = words[anchor]
+        out.append({"alert": alert, "expr": expr, "for": pending, "labels": {"severity": severity, "condition": anchor},
+                    "annotations": {"summary": "{{ $labels.instance }}: " + summary, "description": description,
+                                    "cause": cause, "action": action, "runbook_url": f"{p.runbook}#{anchor}"}})
+    return out
 
 
 def rules(p: RuleParams = RuleParams()) -> dict:

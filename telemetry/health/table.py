@@ -14,44 +14,73 @@ class Row:
     signals: str  # what is read together
     cause: str
     action: str
+    dont: str = ""  # the tempting wrong move (docs/runbook.md "Do not")
 
 
 TABLE: list[Row] = [
     Row("reward_saturated", "warning", "correctness reward ~ its maximum over a window (groups all-correct)",
-        "task too easy; the learning signal is gone", "stop early and keep the checkpoint; use harder prompts"),
+        "task too easy; the learning signal is gone", "stop early and keep the checkpoint; use harder prompts",
+        dont="keep training to squeeze out more: with no signal left only the KL term and noise move the policy "
+             "(kl_dominant comes next)"),
     Row("signal_vanished", "warning", "frac_zero_std >= ~0.9 over a window (all-correct or all-wrong)",
-        "prompts too easy or too hard for the policy; G too small", "raise G (8-16), dynamic sampling, a curriculum"),
+        "prompts too easy or too hard for the policy; G too small", "raise G (8-16), dynamic sampling, a curriculum",
+        dont="read `adv_std` for this: under group normalisation it never exceeds 1; `frac_zero_std` and its all-"
+             "correct / all-wrong split are the gauge. Do not raise the LR to push through: there is no gradient "
+             "to scale"),
     Row("adv_mean_drift", "critical", "per-sequence advantage mean != 0",
-        "implementation bug in the advantage computation", "halt the run"),
+        "implementation bug in the advantage computation", "halt the run",
+        dont="resume and hope: every update since the onset used wrong advantages; fix the code and restart from "
+             "`checkpoints/last-healthy/`"),
     Row("nonfinite", "critical", "NaN/Inf in loss, reward, logits or gradients",
-        "numerics (overflow, a bad batch, a bad reward function)", "skip the step; halt after N in a row"),
+        "numerics (overflow, a bad batch, a bad reward function)", "skip the step; halt after N in a row",
+        dont="lower the LR on one skipped step before looking at the step's samples: a reward function returning "
+             "inf is a reward bug, not an optimiser problem"),
     Row("plateau_kl_flat", "warning", "reward slope ~ 0 early while KL ~ 0",
-        "beta too large, or sampling temperature too low", "lower beta or use a KL schedule; raise the temperature"),
+        "beta too large, or sampling temperature too low", "lower beta or use a KL schedule; raise the temperature",
+        dont="raise the LR first: while beta dominates, a larger step mostly amplifies noise"),
     Row("plateau_grader_loose", "warning", "reward high and flat, KL normal, sample_acc not rising (reward far above sample_acc)",
-        "verifier too loose: 'just hitting' the format is rewarded", "tighten the verifier; multi-condition or partial credit"),
+        "verifier too loose: 'just hitting' the format is rewarded", "tighten the verifier; multi-condition or partial credit",
+        dont="read the reward as progress: judge by held-out `sample_acc` and the strict verifier"),
     Row("plateau_small_group", "warning", "reward flat and noisy (high windowed sd), G <= 4, high frac_zero_std",
-        "G too small: noisy group statistics (variance of the mean ~ 1/G)", "raise G to 8-16"),
+        "G too small: noisy group statistics (variance of the mean ~ 1/G)", "raise G to 8-16",
+        dont="just train longer: at G <= 4 the group noise does not average out (variance of the mean ~ 1/G)"),
     Row("reward_hacking", "critical", "reward rising or high while sample_acc flat or falling beyond its noise",
-        "the policy found a grader loophole", "audit the grader; make format rewards conditional on correctness"),
+        "the policy found a grader loophole", "audit the grader; make format rewards conditional on correctness",
+        dont="change the grader blind: open the generations of the steps around the onset first; raising beta only"
+             " slows a hack down"),
     Row("kl_runaway", "critical", "KL above its bound or growing fast while reward falls",
-        "policy drifting off the reference (reins too loose, LR too high)", "raise beta, lower the LR, clip the update ratio"),
+        "policy drifting off the reference (reins too loose, LR too high)", "raise beta, lower the LR, clip the update ratio",
+        dont="wait for the reward to recover: a runaway rarely reverses; roll back to `checkpoints/last-healthy/`"),
     Row("kl_dominant", "critical", "KL rising while frac_zero_std ~ 1: the KL term is the only gradient",
         "collapse mode: with no reward signal left, only the KL term moves the policy",
-        "mask zero-advantage groups; length-normalise or drop the KL"),
+        "mask zero-advantage groups; length-normalise or drop the KL",
+        dont="raise beta: the KL term is already the only gradient"),
     Row("entropy_collapse", "warning", "entropy far below its early baseline and falling, reward flat",
-        "exploration lost; the model repeats itself", "raise the temperature, clip-higher, lower the LR"),
+        "exploration lost; the model repeats itself", "raise the temperature, clip-higher, lower the LR",
+        dont="confuse it with convergence on an easy task (that is reward_saturated: reward at its maximum, not "
+             "flat below it)"),
     Row("entropy_blowup", "critical", "entropy approaching ln(V), or rising sharply while reward falls; often length pinned at max",
-        "generation turning random", "stop; restore the last healthy checkpoint; lower the LR or clip"),
+        "generation turning random", "stop; restore the last healthy checkpoint; lower the LR or clip",
+        dont="page on entropy rising while reward rises and groups still carry signal: that is healthy exploration"
+             " (`exploration`, info only)"),
     Row("exploration", "info", "entropy rising while reward rises and groups still carry signal",
-        "healthy exploration", "none: annotate only"),
+        "healthy exploration", "none: annotate only",
+        dont="lower the temperature or the LR: this is the healthy case"),
     Row("loss_spike", "warning", "loss far outside its rolling band",
-        "numerics or a bad batch", "inspect the step's samples"),
+        "numerics or a bad batch", "inspect the step's samples",
+        dont="halt on one spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
+             "is exactly 0 on a step without signal)"),
     Row("kl_only_learning", "warning", "loss falling while reward flat",
-        "the optimiser is only shrinking KL", "check the reward signal and beta"),
+        "the optimiser is only shrinking KL", "check the reward signal and beta",
+        dont="read the falling loss as progress: in GRPO the loss is not a progress measure; the reward and "
+             "sample_acc are"),
     Row("late_degradation", "critical", "reward and sample_acc both decline over a long window after their peak (fixed eval set)",
-        "algorithmic instability of long runs", "stop and keep the best checkpoint; clip ratios or lower the LR"),
+        "algorithmic instability of long runs", "stop and keep the best checkpoint; clip ratios or lower the LR",
+        dont="continue hoping for recovery, or keep the last checkpoint: keep the best one (`checkpoints/last-"
+             "healthy/`)"),
     Row("length_pathology", "warning", "truncation rate high (length pinned at max_new_tokens), or wrong answers growing longer than right ones",
-        "length bias or runaway generation", "overlong penalty or filter; token-level loss"),
+        "length bias or runaway generation", "overlong penalty or filter; token-level loss",
+        dont="raise max_new_tokens to make truncation go away: it hides runaway generation and costs memory"),
 ]
 
 BY_ID = {r.id: r for r in TABLE}
@@ -63,29 +92,3 @@ OPERATIONAL = [
     ("metrics-export-failing", "warning", "OTLP metric exports failing (`grpo_telemetry_export_failures_total`)",
      "the collector is down or unreachable; training is unaffected", "check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)"),
 ]
-
-
-def runbook_markdown() -> str:
-    """docs/runbook.md, generated: `python -m telemetry.health.table > docs/runbook.md` (a test checks it)."""
-    out = ["# Runbook", "",
-           "Generated from `telemetry/health/table.py`; do not edit by hand. One section per health condition",
-           "(the anchors that alert `runbook_url`s point at). The trainer's own detectors evaluate every row and",
-           "export `grpo_health_condition{condition, severity}`; `grpo-sentinel diagnose` gives the same verdicts",
-           "offline with the evidence. Read the curves together: every single curve has two opposite explanations.", ""]
-    for r in TABLE:
-        out += [f"## {r.id}", "", f"**Severity**: {r.severity}.", "", f"**Signals, read together**: {r.signals}.", "",
-                f"**Likely cause**: {r.cause}.", "", f"**Do**: {r.action}.", ""]
-        if r.id == "entropy_blowup":
-            out += ["**Do not** page on entropy rising while reward rises and groups still carry signal: that is "
-                    "healthy exploration (`exploration`, info only).", ""]
-        if r.id == "signal_vanished":
-            out += ["**Do not** read `adv_std` for this: under group normalisation it never exceeds 1; "
-                    "`frac_zero_std` (and its all-correct / all-wrong split) is the gauge.", ""]
-    for anchor, severity, signals, cause, action in OPERATIONAL:
-        out += [f"## {anchor}", "", f"**Severity**: {severity}.", "", f"**Signal**: {signals}.", "",
-                f"**Likely cause**: {cause}.", "", f"**Do**: {action}.", ""]
-    return "\n".join(out)
-
-
-if __name__ == "__main__":
-    print(runbook_markdown(), end="")

@@ -1,0 +1,60 @@
+"""docs/runbook.md, generated: `python -m telemetry.health.runbook > docs/runbook.md` (a test checks it).
+
+One section per alert, from the health table (words), the rules (where the alert comes from) and
+the dashboard (which panels confirm it), so the page, the rule and the dashboard cannot disagree.
+"""
+
+from __future__ import annotations
+
+from telemetry import dashboard
+from telemetry.health import rules
+from telemetry.health.table import OPERATIONAL, TABLE
+
+
+def _panels_reading(cid: str) -> list[str]:
+    """Dashboard panels whose description reads this row (dashboard._read writes '-> <row> (')."""
+    return [p.title for _, row in dashboard.panels() for p in (b.build() for b in row)
+            if p.description and f"-> {cid} (" in p.description]
+
+
+def markdown() -> str:
+    out = ["# Runbook", "",
+           "Generated from `telemetry/health/table.py`, `telemetry/health/rules.py` and `telemetry/dashboard.py`;",
+           "do not edit by hand. One section per alert of `deploy/prometheus/grpo-rules.yml` (the anchors its",
+           "`runbook_url`s point at). Dashboard panels are those of `grafana/dashboards/grpo-health.json`.", "",
+           "Read the curves together: every single curve has two opposite explanations. The trainer evaluates",
+           "every row itself (the dashboard's *Health conditions* lanes, the `health` column of `steps.csv`, and",
+           "`grpo-sentinel diagnose` offline, with the evidence); the alerts below say where each page comes from.", ""]
+    for r in TABLE:
+        if r.id in rules.TRAINER_SIDE:
+            source = (f"the trainer's verdict (`grpo_health_condition`, `grpo_health_episodes_total`). PromQL cannot "
+                      f"express this row: {rules.TRAINER_SIDE[r.id]}.")
+        elif r.id in rules.PARTLY_TRAINER_SIDE:
+            source = f"PromQL and the trainer's verdict: {rules.PARTLY_TRAINER_SIDE[r.id]}."
+        else:
+            source = "PromQL over the exported series, with the detectors' thresholds (`grpo-sentinel rules` to change them)."
+        panels = ", ".join(f"*{t}*" for t in _panels_reading(r.id)) or "*Health conditions*"
+        out += [f"## {r.id}", "",
+                f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}. **Source**: {source}", "",
+                f"**Means**: {r.signals}.", "",
+                f"**Likely cause**: {r.cause}.", "",
+                f"**Confirm on the dashboard**: {panels}: look for {r.signals}; then the *Health conditions* lane "
+                f"`{r.id}` for when it began.", "",
+                f"**Do**: {r.action}.", "",
+                f"**Do not** {r.dont}.", ""]
+    for anchor, severity, signals, cause, action in OPERATIONAL:
+        name = "GRPO" + "".join(w.capitalize() for w in anchor.split("-"))
+        out += [f"## {anchor}", "", f"**Alert** `{name}`, {severity}.", "", f"**Means**: {signals}.", "",
+                f"**Likely cause**: {cause}.", "", f"**Do**: {action}.", ""]
+    out += ["## Rows PromQL cannot express", "",
+            "These alerts page on the verdict the trainer exports, because the signal is not a window statistic",
+            "of the scraped series:", ""]
+    out += [f"- `{cid}`: {why}." for cid, why in {**rules.TRAINER_SIDE, **rules.PARTLY_TRAINER_SIDE}.items()]
+    out += ["", "`tests/test_rules_agreement.py` feeds every scenario of the diagnosis zoo (tests/zoo.py) to",
+            "`promtool test rules` and checks that the PromQL alerts that fire are exactly the conditions",
+            "`grpo-sentinel diagnose` reports, row by row.", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
