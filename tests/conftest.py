@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,3 +20,24 @@ def demo_dir() -> Path:
 def cli(*args: str) -> list[str]:
     """Command line of the installed entry point, as a user runs it."""
     return [sys.executable, "-m", "service.cli", *args]
+
+
+def installed(binary: str, package: str) -> str:
+    """Path of a real component the tests run against: in CI its absence fails (.ci/run installs
+    it), elsewhere it skips with the command that installs it."""
+    path = shutil.which(binary)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{binary} is not installed (.ci/run installs Debian's {package})")
+        pytest.skip(f"{binary} not installed: apt-get install {package}")
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    return installed("promtool", "prometheus")
+
+
+@pytest.fixture
+def amtool() -> str:
+    return installed("amtool", "prometheus-alertmanager")

@@ -1,12 +1,9 @@
 """Alert rules and dashboard: generated files equal to their generators, promtool-valid, unit-tested,
 only catalogue metrics, runbook anchors that exist."""
 
-import os
 import re
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from conftest import REPO, cli
@@ -17,16 +14,6 @@ from telemetry.health.runbook import markdown as runbook_markdown
 from telemetry.health.table import TABLE
 
 RULES = REPO / "deploy" / "prometheus" / "grpo-rules.yml"
-
-
-@pytest.fixture
-def promtool():
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is not installed (.ci/run installs Debian's prometheus)")
-        pytest.skip("promtool not installed")
-    return path
 
 
 def test_rules_parse(promtool):

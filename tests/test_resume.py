@@ -1,7 +1,6 @@
 """Crash safety with a real `grpo-sentinel train` process: SIGKILL, SIGKILL mid-checkpoint, SIGTERM."""
 
 import csv
-import os
 import random
 import signal
 import subprocess

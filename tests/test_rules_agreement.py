@@ -9,11 +9,9 @@ committed defaults except `for:` (a paging delay, not part of a condition), whic
 import subprocess
 
 import numpy as np
-import pytest
 import yaml
 
 import zoo
-from test_prometheus_rules import promtool  # noqa: F401  (fixture)
 from telemetry.health.detectors import Thresholds, diagnose
 from telemetry.health.ingest import RunLog
 from telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
@@ -56,7 +54,7 @@ def input_series(log: RunLog) -> list[dict]:
 CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
 
 
-def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):  # noqa: F811
+def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     (tmp_path / "rules.yml").write_text(render(RuleParams(window=Thresholds().window * STEP_S, pending=0)))
     tests, expected_any = [], set()
     for gen, seed in CASES:

@@ -4,7 +4,6 @@ import csv
 import gzip
 import json
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, installed
 from telemetry import dashboard
 from telemetry.catalogue import CATALOGUE
 from telemetry.health.rules import RuleParams, render
@@ -42,11 +41,7 @@ def csv_rows(run_dir: Path) -> list[dict]:
 def prometheus(tmp_path):
     """A real Prometheus on 127.0.0.1 with the alert rules, scraping every 200 ms; yields (query, target port,
     web port)."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed (.ci/run installs Debian's package)")
-        pytest.skip("prometheus not installed: apt-get install prometheus")
+    binary = installed("prometheus", "prometheus")
     target, web = free_port(), free_port()
     rules = tmp_path / "grpo-rules.yml"
     rules.write_text(render(FAST_RULES))
