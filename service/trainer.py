@@ -130,8 +130,8 @@ class Trainer:
         self.sinks = [self.record, *sinks]
         h = cfg.health
         window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
-        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window)) \
-            if h.enabled else None
+        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window),
+                                     group_size=cfg.grpo.group_size) if h.enabled else None
         self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None
         self.state = LoopState()

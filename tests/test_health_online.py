@@ -52,3 +52,10 @@ def test_induced_collapse_high_learning_rate(tmp_path, demo_dir):
     assert result.status == "completed"
     assert "signal_vanished" in seen
     assert {"kl_runaway", "kl_dominant"} & set(seen)
+
+
+def test_the_monitor_knows_the_group_size(tmp_path, demo_dir):
+    """plateau_small_group needs G: with G = 4 and no signal, the trainer names it after two windows."""
+    run(tmp_path, "grpo.group_size=4", "health.stop_on=[]", steps=12)
+    seen = json.loads((tmp_path / "r" / "summary.json").read_text())["health_conditions"]
+    assert seen.get("plateau_small_group") == 10, seen  # two full 5-step windows

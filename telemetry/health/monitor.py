@@ -36,6 +36,7 @@ class HealthMonitor:
     stop_on: frozenset[str] = frozenset({"reward_saturated"})  # end the run cleanly (a success: keep the checkpoint)
     halt_on: frozenset[str] = frozenset({"adv_mean_drift"})  # end the run as broken
     thresholds: Thresholds = field(default_factory=Thresholds)
+    group_size: int | None = None  # G: plateau_small_group is not assessable without it
     _rows: dict[str, list[float]] = field(default_factory=dict)
     _last_seen: dict[str, int] = field(default_factory=dict)  # condition -> last step it was active
     _info: RunInfo | None = None
@@ -68,7 +69,7 @@ class HealthMonitor:
         self._append(row)
         series = {k: np.asarray(v) for k, v in self._rows.items()}
         sc = self._info.scales if self._info else None
-        runlog = RunLog(series, "online", "sentinel", max_reward=sc.max_reward if sc else 1.0,
+        runlog = RunLog(series, "online", "sentinel", group_size=self.group_size, max_reward=sc.max_reward if sc else 1.0,
                         ln_vocab=sc.ln_vocab if sc else None, max_new_tokens=sc.max_new_tokens if sc else None,
                         eval_n=s.eval.n if s.eval else self._eval_n(), baseline_acc=self._baseline_acc)
         active = tuple(c for c in diagnose(runlog, self.thresholds).conditions if c.last_step == s.step)
