@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -41,3 +42,9 @@ def promtool() -> str:
 @pytest.fixture
 def amtool() -> str:
     return installed("amtool", "prometheus-alertmanager")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

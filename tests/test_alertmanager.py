@@ -1,11 +1,17 @@
-"""The Alertmanager example: valid (`amtool check-config`), and routes every severity our rules
-emit to the right receiver (`amtool config routes test`)."""
+"""The Alertmanager example: valid (`amtool check-config`), routes every severity our rules emit to
+the right receiver (`amtool config routes test`), and, in a real Alertmanager, pages once per run
+with the run's warnings inhibited by its critical conditions."""
 
+import json
 import subprocess
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import yaml
 
-from conftest import REPO
+from conftest import REPO, free_port, installed
 from telemetry.health import rules
 
 EXAMPLE = REPO / "deploy" / "alertmanager" / "example.yml"
@@ -42,3 +48,71 @@ def test_grouped_by_run_and_no_secret_in_the_file():
         for kind, configs in receiver.items():
             for c in configs if isinstance(configs, list) else []:
                 assert not {"routing_key", "service_key", "api_url"} & set(c), f"{kind}: secrets come from *_file"
+
+
+class Webhook(BaseHTTPRequestHandler):
+    received: list = []  # (receiver path, payload)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.received.append((self.path.strip("/"), body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _alert(name: str, instance: str) -> dict:
+    """An alert as Prometheus would send it: the labels and annotations of our rule."""
+    rule = next(r for g in rules.rules()["groups"] for r in g["rules"] if r.get("alert") == name)
+    labels = {**rule["labels"], "alertname": name, "job": "grpo", "instance": instance}
+    return {"labels": labels, "annotations": {k: v.replace("{{ $labels.instance }}", instance)
+                                              for k, v in rule["annotations"].items()}}
+
+
+def test_a_real_alertmanager_pages_once_per_run_and_inhibits_its_warnings(tmp_path):
+    """The example's routes and inhibitions in a real Alertmanager; only the receivers are swapped
+    for local webhooks and the group waits shortened. Run a collapses (two criticals and a warning),
+    run b only lost its signal (a warning)."""
+    binary = installed("prometheus-alertmanager", "prometheus-alertmanager")  # Debian names the binary so
+    server = HTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = yaml.safe_load(EXAMPLE.read_text())
+    cfg["route"].update(group_wait="1s", group_interval="1s")
+    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [{"url": f"{hook}/{r['name']}"}]} for r in cfg["receivers"]]
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        api = f"http://127.0.0.1:{port}/api/v2"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{api}/status")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "alertmanager did not start"
+                time.sleep(0.1)
+        alerts = [_alert("GRPOKLRunaway", "a"), _alert("GRPOKLDominant", "a"), _alert("GRPOSignalVanished", "a"),
+                  _alert("GRPOSignalVanished", "b")]
+        req = urllib.request.Request(f"{api}/alerts", json.dumps(alerts).encode(), {"Content-Type": "application/json"})
+        urllib.request.urlopen(req)
+        deadline = time.monotonic() + 30
+        while {p for p, _ in Webhook.received} != {"oncall", "chat"}:
+            assert time.monotonic() < deadline, Webhook.received
+            time.sleep(0.1)
+        time.sleep(2)  # two more group intervals: nothing else may arrive
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        server.shutdown()
+    sent = sorted((path, body["groupLabels"]["instance"], sorted(a["labels"]["alertname"] for a in body["alerts"]))
+                  for path, body in Webhook.received)
+    # One notification per run; run a's warning is inhibited by its critical conditions.
+    assert sent == [("chat", "b", ["GRPOSignalVanished"]), ("oncall", "a", ["GRPOKLDominant", "GRPOKLRunaway"])], sent
+    first = next(body for path, body in Webhook.received if path == "oncall")["alerts"][0]["annotations"]
+    assert first["runbook_url"].startswith("docs/runbook.md#") and first["action"]

@@ -4,7 +4,6 @@ import csv
 import gzip
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, installed
+from conftest import cli, free_port, installed
 from telemetry import dashboard
 from telemetry.catalogue import CATALOGUE
 from telemetry.health.rules import RuleParams, render
@@ -25,12 +24,6 @@ from telemetry.health.rules import RuleParams, render
 FAST_RULES = RuleParams(window=2, pending=1)
 
 STEPS = 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def csv_rows(run_dir: Path) -> list[dict]:
