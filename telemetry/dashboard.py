@@ -207,7 +207,10 @@ def build() -> dict:
         d = d.with_row(db.Row(title))
         for p in row:
             d = d.with_panel(p)
-    return json.loads(json.dumps(d.build(), cls=JSONEncoder))
+    board = json.loads(json.dumps(d.build(), cls=JSONEncoder))
+    for i, panel in enumerate(board["panels"], 1):  # stable ids: links to a panel (viewPanel=) survive re-imports
+        panel["id"] = i
+    return board
 
 
 def render() -> str:

@@ -111,6 +111,7 @@ def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promto
     (tmp_path / "q.yml").write_text(yaml.safe_dump(doc))
     p = subprocess.run([promtool, "check", "rules", str(tmp_path / "q.yml")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
     panels = [p for p in board["panels"] if p["type"] != "row"]
     assert all(p.get("description") for p in panels), [p["title"] for p in panels if not p.get("description")]
     assert {v["name"] for v in board["templating"]["list"]} >= {"datasource", "run", "instance", "window", "langfuse_url"}
