@@ -59,7 +59,7 @@ def test_rules_cli_writes_a_variant_and_rejects_bad_settings(tmp_path, promtool)
     assert "[10m]" in p.stdout and "[5m]" not in p.stdout
     (tmp_path / "r.yml").write_text(p.stdout)
     assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
-    for bad, says in (("klbound=1", "unknown rule setting 'klbound'; known: window"), ("window=5x", "not a duration"),
+    for bad, says in (("klbound=1", "unknown rule setting 'klbound'; known: window"), ("window=5x", "not a positive duration"), ("window=0", "not a positive duration"),
                       ("kl_bound=high", "not a number"), ("nonfinite_run=2.5", "not a whole number"), ("kl_bound", "NAME=VALUE")):
         p = subprocess.run(cli("rules", "--set", bad), capture_output=True, text=True)
         assert p.returncode == 2 and says in p.stderr and not p.stdout, (bad, p.stderr)

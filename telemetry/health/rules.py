@@ -87,6 +87,8 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
         try:
             if name in ("window", "pending", "stall"):
                 p_kw[name] = parse_duration(value)
+                if p_kw[name] == 0 and name != "pending":
+                    raise ValueError
             elif name == "runbook":
                 p_kw[name] = value
             elif name in own:
@@ -97,8 +99,8 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
                     raise ValueError
                 th_kw[name] = kind(x)
         except ValueError:
-            want = {"window": "duration", "pending": "duration", "stall": "duration", "small_group": "whole number",
-                    "nonfinite_run": "whole number"}.get(name, "number")
+            want = {"window": "positive duration", "pending": "duration", "stall": "positive duration",
+                    "small_group": "whole number", "nonfinite_run": "whole number"}.get(name, "number")
             raise ValueError(f"{name}={value!r} is not a {want}") from None
     return replace(p, **p_kw, thresholds=replace(p.thresholds, **th_kw))
 
