@@ -175,7 +175,7 @@ ZOO = {
     entropy_blowup: ({"entropy_blowup"}, set()),
     late_degradation: ({"late_degradation"}, {"reward_hacking"}),
     reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
-    loss_spike: ({"loss_spike"}, {"critical"}),
+    loss_spike: ({"loss_spike"}, {"critical", "kl_only_learning"}),  # a spike is not a falling loss
     length_pathology: ({"length_pathology"}, {"critical"}),
     plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
     plateau_small_group: ({"plateau_small_group"}, {"critical"}),

@@ -361,7 +361,14 @@ def plateaus(c: _Ctx) -> None:
         # The earlier level must itself stand out of the noise, and the fall be well beyond it: the
         # test runs at every step, so 3 sigma still paged 2 % of simulated healthy runs; 5 sigma none.
         falling = (before > 5 * noise) & (lo < 0.5 * before) & (before - lo > 5 * math.sqrt(2) * noise)
-        c.fire("kl_only_learning", _full(c.n, 4 * c.w) & falling & _reward_flat(c),
+        hit = _full(c.n, 4 * c.w) & falling & _reward_flat(c)
+        # One spike inflates a window mean, and the window after it then "falls": the medians must
+        # fall too. Checked only where the means fall, so a long healthy log costs nothing.
+        i = np.flatnonzero(hit)
+        if i.size:
+            windows = np.lib.stride_tricks.sliding_window_view(c.s["loss"], 2 * c.w)  # [k] = steps k .. k+2w-1
+            hit[i] = np.nanmedian(windows[i - 2 * c.w + 1], 1) < 0.5 * np.nanmedian(windows[i - 4 * c.w + 1], 1)
+        c.fire("kl_only_learning", hit,
                lambda i, j: f"loss (moving mean) {np.nanmax(before[i:j + 1]):.3g} -> {np.nanmin(lo[i:j + 1]):.3g} "
                             "while reward is flat", gap=c.w)
 

@@ -139,6 +139,8 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:reward_over_accuracy:avg_2w": f"grpo:reward_mean:avg_2w / {_num(p.max_reward)} - grpo:train_accuracy:avg_2w",
         "grpo:loss:avg_2w": avg("grpo_loss", w2),
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
+        "grpo:loss:median_2w": f"avg by (job, instance) (quantile_over_time(0.5, grpo_loss[{w2}]))",
+        "grpo:loss:median_2w_prev2": f"avg by (job, instance) (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
         "grpo:loss:se_2w": (f"avg by (job, instance) (stddev_over_time(grpo_loss[{w2}]))\n"
                             f"/ sqrt(avg by (job, instance) (count_over_time(grpo_loss[{w2}])))"),
@@ -223,6 +225,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
             f"and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > {_num(5 * math.sqrt(2))} * grpo:loss:se_2w\n"
+            "and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2\n"
             f"and {flat}\nand {_aged(p, 4)}",
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
