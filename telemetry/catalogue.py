@@ -141,6 +141,8 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.learning_rate", "gauge", "1", "step", "Learning rate of the step.", _one("lr")),
     Metric("grpo.tokens_per_second", "gauge", "{token}/s", "step", "Completion tokens generated per second of step time.",
            _one("tokens_per_s")),
+    Metric("grpo.group.size", "gauge", "{completion}", "step", "G: completions sampled per prompt (group).",
+           lambda s: [(len(s.samples.length) / len(s.samples.group_reward_std), {})]),
     Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
     Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
            lambda s: []),  # recorded by the sink at on_step time, not from the record

@@ -26,7 +26,7 @@ RUN = 'job=~"$job", instance=~"$instance"'  # every query's selector: the run ch
 
 # Where the Langfuse traces of a run and step open (the trace exporter tags each generation with
 # run id and step). The slot is filled by the `langfuse_url` variable; empty hides nothing.
-LANGFUSE = "${langfuse_url}/traces?search=${run}&from=${__value.time}"
+LANGFUSE = "${langfuse_url}/traces?search=${run:percentencode}&from=${__value.time}"
 
 
 def _q(expr: str, legend: str = "", fmt: PromQueryFormat | None = None) -> prometheus.Dataquery:
@@ -64,14 +64,19 @@ def _timeseries(title: str, description: str, targets: list, unit: str = "none",
     return p
 
 
-def _heatmap(title: str, metric: str, description: str, unit: str = "none") -> heatmap.Panel:
-    expr = f"sum by (le) (increase({_sel(metric + '_bucket')}[$__rate_interval]))"
-    return (heatmap.Panel().title(title).description(description + " Colour: completions per bucket per interval.")
+def _heatmap(title: str, metric: str, description: str, unit: str = "none", per: str = "completions") -> heatmap.Panel:
+    expr = f"sum by (le) (rate({_sel(metric + '_bucket')}[$__rate_interval]))"
+    return (heatmap.Panel().title(title).description(f"{description} Colour: {per} per second in each bucket.")
             .datasource(DS).span(8).height(8).calculate(False)
-            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges")
-                   .scale(hm.HeatmapColorScale.EXPONENTIAL).exponent(0.5))
+            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges").steps(64))
             .y_axis(heatmap.YAxisConfig().unit(unit))
             .with_target(_q(expr, "{{le}}", PromQueryFormat.HEATMAP).ref_id("A")))
+
+
+def _lanes(active: str) -> list[dm.ValueMap]:
+    """Condition lanes: green while it does not hold, `active` while it does (info rows are blue: healthy)."""
+    return [dm.ValueMap(options={"0": dm.ValueMappingResult(text="ok", color="green"),
+                                 "1": dm.ValueMappingResult(text="active", color=active)})]
 
 
 def _stat(title: str, description: str, expr: str, unit: str = "none", legend: str = "") -> stat.Panel:
@@ -88,8 +93,8 @@ def panels() -> list[tuple[str, list]]:
                                "as `grpo-sentinel diagnose`. Alerts GRPO<Condition> page on these or on their PromQL "
                                "versions (docs/runbook.md says which); all green is a healthy run.")
                   .show_value(common.VisibilityMode.NEVER).merge_values(True).row_height(0.8)
-                  .mappings([dm.ValueMap(options={"0": dm.ValueMappingResult(text="ok", color="green"),
-                                                  "1": dm.ValueMappingResult(text="active", color="red")})])
+                  .mappings(_lanes("red"))
+                  .override_by_regexp(r".*\(info\)", [dm.DynamicConfigValue("mappings", _lanes("blue"))])
                   .with_target(_q(f"max by (condition, severity) ({_sel('grpo_health_condition')})",
                                   "{{condition}} ({{severity}})").ref_id("A")))
     overview = [
@@ -115,7 +120,7 @@ def panels() -> list[tuple[str, list]]:
                     "sample_acc on the fixed held-out set (sampled and greedy) against the reward and the verifier's "
                     "acceptance of the training completions. " + _read("reward_hacking", "late_degradation", "plateau_grader_loose"),
                     [_q(_sel("grpo_sample_acc"), "sample_acc {{mode}}"), _q(_ma("grpo_reward_mean"), "reward (moving mean)"),
-                     _q(_ma("grpo_train_accuracy"), "train accuracy (moving mean)")], "percentunit", 0, 1),
+                     _q(_ma("grpo_train_accuracy"), "train accuracy (moving mean)")], lo=0),
         _timeseries("Groups without signal", "Fraction of groups whose rewards are all equal (no gradient), split into "
                     "all-correct and all-wrong. " + _read("signal_vanished", "kl_dominant", "plateau_small_group"),
                     [_q(_sel("grpo_frac_zero_std"), "{{outcome}}"), _q(_ma("grpo_frac_zero_std", 'outcome="any"'), "any (moving mean)")],
@@ -161,7 +166,7 @@ def panels() -> list[tuple[str, list]]:
                  "repetition; mass moving towards ln V is random text."),
         _heatmap("|Advantage| distribution", "grpo_advantage_abs", "abs(advantage): mass at 0 is groups without signal."),
         _heatmap("Group reward std", "grpo_group_reward_std", "Per-group reward std: the lowest bucket is groups that "
-                 "teach nothing."),
+                 "teach nothing.", per="groups"),
         _heatmap("Completion length", "grpo_completion_length", "Tokens per completion: mass pinned at the top bucket "
                  "is truncation."),
     ]
@@ -189,8 +194,10 @@ def variables() -> list:
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
         db.QueryVariable("run").label("Run").datasource(DS).query(label).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .description("The run id (grpo.run_id); the trainer it ran on is the hidden `instance`."),
+        # Every trainer the run was on (a resumed run may come back on another pod): all of them.
         db.QueryVariable("instance").datasource(DS).query('label_values(target_info{job=~"$job", grpo_run_id="$run"}, instance)')
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).hide(dm.VariableHide.HIDE_VARIABLE),
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).hide(dm.VariableHide.HIDE_VARIABLE)
+        .multi(True).include_all(True).current(dm.VariableOption(text="All", value="$__all", selected=True)),
         db.CustomVariable("window").label("Moving average").values("5m,1m,2m,10m,30m,1h")
         .description("Window of the moving means; 5m is the alert rules' default window."),
         db.TextBoxVariable("langfuse_url").label("Langfuse").default_value("http://langfuse:3000")
@@ -208,6 +215,8 @@ def build() -> dict:
         for p in row:
             d = d.with_panel(p)
     board = json.loads(json.dumps(d.build(), cls=JSONEncoder))
+    for v in board["templating"]["list"]:
+        del v["id"]  # the SDK gives every variable the same zero UUID; Grafana keys variables by it
     for i, panel in enumerate(board["panels"], 1):  # stable ids: links to a panel (viewPanel=) survive re-imports
         panel["id"] = i
     return board

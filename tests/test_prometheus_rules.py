@@ -65,6 +65,16 @@ def test_rules_cli_writes_a_variant_and_rejects_bad_settings(tmp_path, promtool)
         assert p.returncode == 2 and says in p.stderr and not p.stdout, (bad, p.stderr)
 
 
+def test_the_settable_thresholds_are_exactly_those_the_rules_read():
+    from dataclasses import fields, replace
+
+    default = rulegen.render()
+    changes = {f.name for f in fields(rulegen.Thresholds) if f.name != "window"
+               if rulegen.render(rulegen.RuleParams(thresholds=replace(rulegen.Thresholds(), **{
+                   f.name: getattr(rulegen.Thresholds(), f.name) * 2}))) != default}
+    assert changes == set(rulegen.RULE_THRESHOLDS)
+
+
 def test_rules_use_only_catalogue_metrics_and_existing_runbook_anchors():
     groups = yaml.safe_load(RULES.read_text())["groups"]
     rules = [r for g in groups for r in g["rules"]]
@@ -116,6 +126,6 @@ def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promto
     assert all(p.get("description") for p in panels), [p["title"] for p in panels if not p.get("description")]
     assert {v["name"] for v in board["templating"]["list"]} >= {"datasource", "run", "instance", "window", "langfuse_url"}
     links = [link["url"] for p in panels for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])]
-    assert links and all(u.startswith("${langfuse_url}") and "${run}" in u for u in links)
+    assert links and all(u.startswith("${langfuse_url}") and "${run:percentencode}" in u for u in links)
     kinds = {p["type"] for p in panels}
     assert {"timeseries", "heatmap", "state-timeline", "stat"} <= kinds

@@ -21,8 +21,11 @@ COMPLETIONS = zoo.P * zoo.G  # per step, every scenario
 
 
 def _values(x: np.ndarray) -> str:
-    """promtool's sample notation: one value per step, '_' where the gauge was not set."""
-    return " ".join("_" if not np.isfinite(v) else f"{v:.6g}" for v in x)
+    """promtool's sample notation, one value per step. A gauge skips non-finite values, so a scrape
+    shows the last value it was set to ('_' before the first)."""
+    ok = np.isfinite(x)
+    last = np.maximum.accumulate(np.where(ok, np.arange(len(x)), -1))
+    return " ".join("_" if i < 0 else f"{x[i]:.6g}" for i in last)
 
 
 def input_series(log: RunLog) -> list[dict]:
@@ -33,11 +36,9 @@ def input_series(log: RunLog) -> list[dict]:
         "grpo_step": s["step"], "grpo_reward_mean": s["reward"], "grpo_kl_mean": s["kl"], "grpo_loss": s["loss"],
         "grpo_entropy_normalized": s["entropy_norm"], "grpo_advantage_mean": s["adv_mean"],
         'grpo_frac_zero_std{outcome="any"}': s["frac_zero_std"], "grpo_train_accuracy": acc,
-        "grpo_truncation_rate": s["truncation_rate"],
+        "grpo_truncation_rate": s["truncation_rate"], "grpo_group_size": np.full(n, g),
         # counters: cumulative sums of per-step increments
         'grpo_updates_skipped_total{reason="nonfinite"}': np.cumsum(s["_nonfinite"]),
-        "grpo_reward_count": np.cumsum(np.full(n, COMPLETIONS)),
-        "grpo_group_reward_std_count": np.cumsum(np.full(n, COMPLETIONS / g)),
     }
     for correct, share, length in (("true", acc, s["response_len_correct"]), ("false", 1 - acc, s["response_len_wrong"])):
         count = COMPLETIONS * share

@@ -32,6 +32,13 @@ TRAINER_SIDE = {
                         "start of a run",
     "exploration": "as entropy_collapse: entropy relative to the run's early baseline",
 }
+# Where a PromQL row deliberately reads its detector differently.
+DIFFERS = {
+    "plateau_kl_flat": "PromQL pages whenever KL ~ 0 and the reward is flat; the trainer checks only the start of a "
+                       "run (later, the same reading is the same problem, and a page is still right)",
+    "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
+                 "counts them in a row",
+}
 PARTLY_TRAINER_SIDE = {
     "entropy_blowup": "PromQL pages on entropy near ln V; 'rising far above the early baseline while reward falls' "
                       "needs the baseline, so that half comes from the trainer's verdict",
@@ -149,9 +156,6 @@ def recording_rules(p: RuleParams) -> list[dict]:
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
-        # Completions per group = G, read from the counts of the reward and group-std histograms.
-        "grpo:group_size:w": (f"sum by (job, instance) (rate(grpo_reward_count[{w}]))\n"
-                              f"/ sum by (job, instance) (rate(grpo_group_reward_std_count[{w}]))"),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
 
@@ -198,15 +202,16 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"Mean KL over {w} is {{{{ $value }}}} (below {_num(t.kl_flat)}) and the reward changed by less than "
             f"{_num(t.reward_drop * p.max_reward)} over {duration(2 * p.window)}."),
         "plateau_grader_loose": (
-            f"grpo:reward_over_accuracy:avg_2w >= {_num(t.loose_gap)}\n"
-            f"and grpo:reward_mean:avg_2w / {_num(p.max_reward)} >= {_num(t.loose_reward)}\n"
-            f"and {flat}\nunless grpo:kl_mean:avg_w < {_num(t.kl_flat)}\nand {_aged(p, 2)}",
+            f"(\n  grpo:reward_over_accuracy:avg_2w >= {_num(t.loose_gap)}\n"
+            f"  and grpo:reward_mean:avg_2w / {_num(p.max_reward)} >= {_num(t.loose_reward)}\n"
+            f"  and {flat}\n  and {_aged(p, 2)}\n)\n"
+            f"unless grpo:kl_mean:avg_w < {_num(t.kl_flat)}",  # KL ~ 0 is plateau_kl_flat; an absent KL (beta = 0) does not block
             "reward {{ $value | humanizePercentage }} above what the verifier accepts, and flat",
             f"Over {duration(2 * p.window)} the reward (as a fraction of {_num(p.max_reward)}) exceeds the strict "
             "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat."),
         "plateau_small_group": (
             f"grpo:frac_zero_std:avg_w >= {_num(t.small_group_zero)}\n"
-            f"and grpo:group_size:w <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
+            f"and max by (job, instance) (grpo_group_size) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
             "G <= " + str(t.small_group) + ": reward flat, {{ $value | humanizePercentage }} of groups without signal",
             f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
             "and the reward flat: group statistics are too noisy to learn from."),
@@ -217,7 +222,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "the previous window's."),
         "kl_dominant": (
             f"grpo:kl_mean:avg_w > {_num(t.kl_dominant_min)}\nand grpo:kl_mean:avg_w > 2 * grpo:kl_mean:avg_w_prev2\n"
-            f"and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev\nand on (job, instance) grpo:frac_zero_std:avg_w >= {_num(t.kl_dominant_zero)}",
+            f"and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev\nand grpo:frac_zero_std:avg_w >= {_num(t.kl_dominant_zero)}\n"
+            f"and {_aged(p, 2)}",
             "KL rising to {{ $value }} with no reward signal left",
             f"Mean KL over {w} is {{{{ $value }}}}, more than twice its value {duration(2 * p.window)} ago, while at least "
             f"{_num(t.kl_dominant_zero)} of groups carry no reward signal: the KL term is the only gradient."),
@@ -231,24 +237,26 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
             "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),
         "entropy_blowup": (
-            f"grpo:entropy_normalized:avg_w >= {_num(t.entropy_blowup_lnv)} and {_aged(p, 2)}\nor " + _verdict("entropy_blowup", p),
-            "entropy {{ $value }} of ln V: generation turning random",
-            f"Mean entropy over {w} is {{{{ $value }}}} of ln V (threshold {_num(t.entropy_blowup_lnv)}), or the "
-            "trainer saw it rise far above its early baseline while the reward falls."),
+            f"grpo:entropy_normalized:avg_w >= {_num(t.entropy_blowup_lnv)} and {_aged(p, 2)}\n"
+            f"or grpo:entropy_normalized:avg_w and (\n  {_verdict('entropy_blowup', p).replace(chr(10), chr(10) + '  ')}\n)",
+            "entropy {{ $value | humanizePercentage }} of ln V: generation turning random",
+            f"Mean entropy over {w} is {{{{ $value | humanizePercentage }}}} of ln V (threshold {_num(t.entropy_blowup_lnv)}), "
+            "or the trainer saw it rise far above its early baseline while the reward falls."),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'
             f'  > ignoring (correct) {_num(t.wrong_longer)} * grpo:completion_length:mean_w{{correct="true"}}\n'
             '  and grpo:completion_length:mean_w{correct="false"} > grpo:completion_length:mean_w_prev{correct="false"}\n'
             f"  and ignoring (correct) {_aged(p, 1)}\n)",
-            "{{ $value }}: completions pinned at max_new_tokens, or wrong answers growing longer",
+            "completions pinned at max_new_tokens, or wrong answers growing longer",
             f"Truncation rate over {w} at or above {_num(t.truncation)}, or wrong completions more than "
-            f"{_num(t.wrong_longer)}x as long as right ones and growing (value: {{{{ $value }}}})."),
+            f"{_num(t.wrong_longer)}x as long as right ones and growing (value {{{{ $value }}}}: the truncation rate, "
+            "or the wrong completions' mean length in tokens)."),
     }
 
 
 def _camel(cid: str) -> str:
-    return "".join(part.upper() if part in ("kl",) else part.capitalize() for part in cid.split("_"))
+    return "".join("KL" if part == "kl" else part.capitalize() for part in cid.split("_"))
 
 
 def alert_name(cid: str) -> str:

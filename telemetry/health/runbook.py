@@ -33,6 +33,8 @@ def markdown() -> str:
             source = f"PromQL and the trainer's verdict: {rules.PARTLY_TRAINER_SIDE[r.id]}."
         else:
             source = "PromQL over the exported series, with the detectors' thresholds (`grpo-sentinel rules` to change them)."
+            if r.id in rules.DIFFERS:
+                source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
         panels = ", ".join(f"*{t}*" for t in _panels_reading(r.id)) or "*Health conditions*"
         out += [f"## {r.id}", "",
                 f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}. **Source**: {source}", "",
@@ -42,9 +44,9 @@ def markdown() -> str:
                 f"`{r.id}` for when it began.", "",
                 f"**Do**: {r.action}.", "",
                 f"**Do not** {r.dont}.", ""]
+    names = {r["labels"]["condition"]: r["alert"] for r in rules.operational_rules(rules.RuleParams())}
     for anchor, severity, signals, cause, action in OPERATIONAL:
-        name = "GRPO" + "".join(w.capitalize() for w in anchor.split("-"))
-        out += [f"## {anchor}", "", f"**Alert** `{name}`, {severity}.", "", f"**Means**: {signals}.", "",
+        out += [f"## {anchor}", "", f"**Alert** `{names[anchor]}`, {severity}.", "", f"**Means**: {signals}.", "",
                 f"**Likely cause**: {cause}.", "", f"**Do**: {action}.", ""]
     out += ["## Rows PromQL cannot express", "",
             "These alerts page on the verdict the trainer exports, because the signal is not a window statistic",
