@@ -129,3 +129,10 @@ def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promto
     assert links and all(u.startswith("${langfuse_url}") and "${run:percentencode}" in u for u in links)
     kinds = {p["type"] for p in panels}
     assert {"timeseries", "heatmap", "state-timeline", "stat"} <= kinds
+
+
+def test_the_example_prometheus_config_loads_the_rules(promtool):
+    p = subprocess.run([promtool, "check", "config", str(RULES.parent / "prometheus.example.yml")],
+                       capture_output=True, text=True)
+    n = sum(len(g["rules"]) for g in rulegen.rules()["groups"])
+    assert p.returncode == 0 and f"{n} rules found" in p.stdout, p.stdout + p.stderr
