@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "your windows and thresholds")
     rules.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
                        help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
-                            "max_reward=1, runbook=URL, or any detector threshold, e.g. kl_bound=0.5 (repeatable)")
+                            "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), or any "
+                            "detector threshold, e.g. kl_bound=0.5 (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "diagnose":
         return _diagnose(args)

@@ -148,3 +148,23 @@ def test_the_example_prometheus_config_loads_the_rules(promtool):
                        capture_output=True, text=True)
     n = sum(len(g["rules"]) for g in rulegen.rules()["groups"])
     assert p.returncode == 0 and f"{n} rules found" in p.stdout, p.stdout + p.stderr
+
+
+def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
+    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://grafana.example.com/"])
+    (tmp_path / "rules.yml").write_text(rulegen.render(params))
+    drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
+    case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464"}', "values": "0.05x5"}],
+        "alert_rule_test": [{"eval_time": "2m", "alertname": "GRPOAdvMeanDrift", "exp_alerts": [{
+            "exp_labels": {"severity": "critical", "condition": "adv_mean_drift", "job": "grpo", "instance": "10.0.0.7:9464"},
+            "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
+                                   for k, v in drift["annotations"].items()},
+                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-instance=10.0.0.7%3A9464"},
+        }]}],
+    }]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
+    p = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "dashboard_url" not in RULES.read_text()  # the default rendering has no Grafana to link

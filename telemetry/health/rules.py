@@ -52,6 +52,7 @@ class RuleParams:
     stall: int = 900  # s without a completed step before GRPOTrainingStalled
     max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
     runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
+    grafana: str = ""  # Grafana base URL: alerts then link the run's dashboard (`dashboard_url`)
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
@@ -96,7 +97,7 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
                 p_kw[name] = parse_duration(value)
                 if p_kw[name] == 0 and name != "pending":
                     raise ValueError
-            elif name == "runbook":
+            elif name in ("runbook", "grafana"):
                 p_kw[name] = value
             elif name in own:
                 p_kw[name] = float(value)
@@ -264,6 +265,14 @@ def alert_name(cid: str) -> str:
     return "GRPO" + _camel(cid)
 
 
+def _dashboard(p: RuleParams) -> dict[str, str]:
+    """The run's dashboard (grafana/dashboards/grpo-health.json), from the alert's own labels."""
+    if not p.grafana:
+        return {}
+    return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}"
+                             "&var-instance={{ $labels.instance | urlquery }}"}
+
+
 def health_rules(p: RuleParams) -> list[dict]:
     promql, out = _promql(p), []
     for row in TABLE:
@@ -287,6 +296,7 @@ def health_rules(p: RuleParams) -> list[dict]:
             "cause": row.cause,
             "action": row.action,
             "runbook_url": f"{p.runbook}#{row.id}",
+            **_dashboard(p),
         }
         out.append(rule)
     return out
@@ -309,7 +319,8 @@ def operational_rules(p: RuleParams) -> list[dict]:
         severity, cause, action = words[anchor]
         out.append({"alert": alert, "expr": expr, "for": pending, "labels": {"severity": severity, "condition": anchor},
                     "annotations": {"summary": "{{ $labels.instance }}: " + summary, "description": description,
-                                    "cause": cause, "action": action, "runbook_url": f"{p.runbook}#{anchor}"}})
+                                    "cause": cause, "action": action, "runbook_url": f"{p.runbook}#{anchor}",
+                                    **_dashboard(p)}})
     return out
 
 
