@@ -187,7 +187,8 @@ class Trainer:
             stats = self._train_one()
             verdict = self.monitor.observe(stats) if self.monitor else None
             if verdict is not None:
-                stats = replace(stats, health=tuple(c.id for c in verdict.active), health_new=tuple(c.id for c in verdict.new))
+                stats = replace(stats, health=tuple(c.id for c in verdict.active),
+                                health_new=tuple(c.id for c in verdict.new), entropy_baseline=verdict.entropy_baseline)
                 self._healthy = not verdict.critical
                 for c in verdict.new:
                     st.conditions.setdefault(c.id, c.first_step)

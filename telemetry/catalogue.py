@@ -128,6 +128,9 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.loss", "gauge", "1", "step", "The loss actually back-propagated.", _one("loss")),
     Metric("grpo.entropy.mean", "gauge", "{nat}", "step", "Token-masked mean entropy (nats).", _one("entropy")),
     Metric("grpo.entropy.normalized", "gauge", "1", "step", "Entropy / ln(V); 1 = uniform over the vocabulary.", _one("entropy_norm")),
+    Metric("grpo.entropy.baseline", "gauge", "{nat}", "step",
+           "The run's early entropy (median of its first steps), which the entropy rows of the health table compare "
+           "with; set by the health monitor.", _one("entropy_baseline")),
     Metric("grpo.advantage.mean", "gauge", "1", "step", "Mean advantage; must be ~0 (implementation sentinel).", _one("adv_mean")),
     Metric("grpo.advantage.std", "gauge", "1", "step", "Unbiased std of advantages (<= 1 under group scaling).", _one("adv_std")),
     Metric("grpo.frac_zero_std", "gauge", "1", "step",

@@ -135,9 +135,10 @@ def panels() -> list[tuple[str, list]]:
                     [_q(_sel("grpo_loss"), "loss"), _q(_ma("grpo_loss"), "moving mean")]),
     ]
     entropy = [
-        _timeseries("Entropy", "Token-mean entropy (nats, un-tempered) and its moving mean. "
-                    + _read("entropy_collapse", "exploration"),
-                    [_q(_sel("grpo_entropy_mean"), "entropy"), _q(_ma("grpo_entropy_mean"), "moving mean")]),
+        _timeseries("Entropy", "Token-mean entropy (nats, un-tempered), its moving mean and the run's early baseline "
+                    "(what the entropy rows compare with). " + _read("entropy_collapse", "exploration"),
+                    [_q(_sel("grpo_entropy_mean"), "entropy"), _q(_ma("grpo_entropy_mean"), "moving mean"),
+                     _q(_sel("grpo_entropy_baseline"), "early baseline")]),
         _timeseries("Entropy / ln V", "Entropy as a fraction of the uniform distribution's (1 = random text). "
                     + _read("entropy_blowup"), [_q(_sel("grpo_entropy_normalized"), "entropy / ln V")], "percentunit", 0, 1),
     ]

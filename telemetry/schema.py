@@ -84,12 +84,13 @@ class StepStats:
     eval: Eval | None = None  # set on sampling steps
     health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)
     health_new: tuple[str, ...] = ()  # ... of which these began an episode at this step
+    entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
     samples: Samples | None = field(default=None, repr=False)
 
     def row(self) -> dict[str, float | int | str]:
         """Flat CSV/metric row: scalar fields, then `reward_<fn>` columns, then the eval columns."""
         out: dict[str, float | int | str] = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples", "health", "health_new")
+            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline")
         }
         out.update({f"reward_{k}": v for k, v in self.reward_components.items()})
         ev = self.eval

@@ -45,8 +45,8 @@ def test_one_alert_per_table_row_with_its_severity_and_words():
         assert a["labels"]["condition"] == row.id
         assert row.severity in a["labels"]["severity"]
         assert (a["annotations"]["cause"], a["annotations"]["action"]) == (row.cause, row.action)
-        # A trainer-side row reads the verdict the trainer exports; a PromQL row never does (but entropy_blowup, half and half).
-        assert ("grpo_health_condition" in a["expr"]) == (row.id in rulegen.TRAINER_SIDE or row.id in rulegen.PARTLY_TRAINER_SIDE)
+        # A trainer-side row reads the verdict the trainer exports; a PromQL row never does.
+        assert ("grpo_health_condition" in a["expr"]) == (row.id in rulegen.TRAINER_SIDE)
     assert {"GRPOTrainingStalled", "GRPOMetricsExportFailing"} <= set(alerts)
 
 

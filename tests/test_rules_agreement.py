@@ -3,7 +3,8 @@ step per 15 s scrape, is fed to `promtool test rules`; for every row PromQL can 
 that ever fire are exactly the conditions the offline diagnosis reports.
 
 At 15 s a step the default 5 min window is the detectors' default 20 steps, so the rules are the
-committed defaults except `for:` (a paging delay, not part of a condition), which is 0 here.
+committed defaults except `for:` (a paging delay, not part of a condition), which is 0 here. The
+entropy baseline the trainer exports (`grpo_entropy_baseline`) is the diagnosis's own.
 """
 
 import subprocess
@@ -28,13 +29,14 @@ def _values(x: np.ndarray) -> str:
     return " ".join("_" if i < 0 else f"{x[i]:.6g}" for i in last)
 
 
-def input_series(log: RunLog) -> list[dict]:
+def input_series(log: RunLog, entropy_baseline: float) -> list[dict]:
     """What the trainer's /metrics would show, scraped once per step."""
     s, n, g = log.series, len(log), log.group_size
     acc = s["train_acc"]
     out = {
         "grpo_step": s["step"], "grpo_reward_mean": s["reward"], "grpo_kl_mean": s["kl"], "grpo_loss": s["loss"],
-        "grpo_entropy_normalized": s["entropy_norm"], "grpo_advantage_mean": s["adv_mean"],
+        "grpo_entropy_mean": s["entropy"], "grpo_entropy_normalized": s["entropy"] / log.ln_vocab,
+        "grpo_entropy_baseline": np.full(n, entropy_baseline), "grpo_advantage_mean": s["adv_mean"],
         'grpo_frac_zero_std{outcome="any"}': s["frac_zero_std"], "grpo_train_accuracy": acc,
         "grpo_truncation_rate": s["truncation_rate"], "grpo_group_size": np.full(n, g),
         # counters: cumulative sums of per-step increments
@@ -60,13 +62,14 @@ def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     tests, expected_any = [], set()
     for gen, seed in CASES:
         log = zoo.make(gen, seed)
-        found = {c.id for c in diagnose(log).conditions} - set(TRAINER_SIDE)
+        diagnosis = diagnose(log)
+        found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
         expected_any |= found
         end = (len(log) - 1) * STEP_S
         tests.append({
             "name": f"{gen.__name__} seed {seed}: diagnose reports {sorted(found) or 'nothing'}",
             "interval": f"{STEP_S}s",
-            "input_series": input_series(log),
+            "input_series": input_series(log, diagnosis.entropy_baseline),
             "promql_expr_test": [{
                 "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
                 "eval_time": f"{end}s",
@@ -84,4 +87,4 @@ def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
         out = run.communicate()[0]
         assert run.returncode == 0, out[-20000:]
     # The comparison covers the PromQL rows, not just the quiet ones.
-    assert len(expected_any) >= 10, expected_any
+    assert len(expected_any) == 14, expected_any  # every PromQL row fires somewhere in the zoo

@@ -110,6 +110,13 @@ def entropy_blowup(rng):
     return s
 
 
+def exploration(rng):
+    p = np.concatenate([np.full(ONSET, 0.25), np.linspace(0.25, 0.6, N - ONSET)])  # reward rising ...
+    s = _with_p(rng, p)
+    s["entropy"] = _ramp(0.6, 1.4) + 0.03 * rng.standard_normal(N)  # ... with the entropy: healthy
+    return s
+
+
 def late_degradation(rng):
     p = np.concatenate([0.2 + 0.4 * (1 - np.exp(-np.arange(ONSET) / 60)), np.linspace(0.55, 0.25, N - ONSET)])
     return _with_p(rng, p)
@@ -173,6 +180,7 @@ ZOO = {
     kl_dominant: ({"kl_dominant", "signal_vanished"}, set()),
     entropy_collapse: ({"entropy_collapse"}, {"critical"}),
     entropy_blowup: ({"entropy_blowup"}, set()),
+    exploration: ({"exploration"}, {"critical"}),
     late_degradation: ({"late_degradation"}, {"reward_hacking"}),
     reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
     loss_spike: ({"loss_spike"}, {"critical", "kl_only_learning"}),  # a spike is not a falling loss

@@ -37,6 +37,9 @@ class Thresholds:
     entropy_collapse: float = 0.3  # window entropy below this fraction of the early baseline
     entropy_blowup_lnv: float = 0.8  # window entropy above this fraction of ln V
     entropy_blowup_baseline: float = 3.0  # ... or this multiple of the baseline while reward falls
+    entropy_blowup_rise_lnv: float = 0.1  # ... and at least this fraction of ln V above it (1 nat if V is unknown)
+    exploration_rise: float = 1.5  # entropy this multiple of its baseline, rising with the reward
+    exploration_signal: float = 0.5  # ... while fewer groups than this are without signal
     kl_bound: float = 1.0  # per-token k3 KL, window mean
     kl_flat: float = 1e-3  # "KL ~ 0"
     kl_dominant_min: float = 0.05
@@ -78,6 +81,7 @@ class Condition:
 class Diagnosis:
     conditions: list[Condition] = field(default_factory=list)
     not_assessable: dict[str, str] = field(default_factory=dict)  # id -> which signal is missing
+    entropy_baseline: float = math.nan  # the run's early entropy, which the entropy rows compare with
 
 
 def _episodes(mask: np.ndarray, steps: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
@@ -263,7 +267,7 @@ def entropy(c: _Ctx) -> None:
         return
     e, w = c.s["entropy"], c.w
     head = e[: max(w, min(c.n // 10, 50))]
-    baseline = float(np.nanmedian(head)) if np.isfinite(head).any() else math.nan
+    baseline = c.diag.entropy_baseline = float(np.nanmedian(head)) if np.isfinite(head).any() else math.nan
     ma, e_slope, r_slope = c.ma("entropy"), _slope(e, w), _slope(c.s["reward"], w)
     full = _full(c.n, 2 * w)
     flat = np.abs(r_slope * w) < c.th.reward_drop * c.log.max_reward
@@ -272,13 +276,13 @@ def entropy(c: _Ctx) -> None:
     near_uniform = ma >= c.th.entropy_blowup_lnv * c.log.ln_vocab if c.log.ln_vocab else np.zeros(c.n, dtype=bool)
     # A ratio alone fires on a tiny baseline (0.1 -> 0.5 nat is "5x" and still a peaked distribution):
     # the rise must also be a real fraction of the way to uniform (1 nat when ln V is unknown).
-    rise = 0.1 * c.log.ln_vocab if c.log.ln_vocab else 1.0
+    rise = c.th.entropy_blowup_rise_lnv * c.log.ln_vocab if c.log.ln_vocab else 1.0
     rising_while_falling = (ma > c.th.entropy_blowup_baseline * baseline) & (ma - baseline > rise) & (r_slope < 0)
     ceiling = f" of ln V = {c.log.ln_vocab:.2f}" if c.log.ln_vocab else ""
     c.fire("entropy_blowup", full & (near_uniform | rising_while_falling),
            lambda i, j: f"entropy {np.nanmax(ma[i:j + 1]):.3g}{ceiling} vs an early baseline of {baseline:.3g}", gap=w)
-    signal = c.ma("frac_zero_std") < 0.5 if c.log.has("frac_zero_std") else np.ones(c.n, dtype=bool)
-    c.fire("exploration", full & (e_slope > 0) & (r_slope > 0) & (ma > 1.5 * baseline) & signal,
+    signal = c.ma("frac_zero_std") < c.th.exploration_signal if c.log.has("frac_zero_std") else np.ones(c.n, dtype=bool)
+    c.fire("exploration", full & (e_slope > 0) & (r_slope > 0) & (ma > c.th.exploration_rise * baseline) & signal,
            lambda i, j: f"entropy rising to {np.nanmax(ma[i:j + 1]):.3g} while reward rises: healthy exploration", gap=w)
 
 

@@ -25,6 +25,7 @@ class Verdict:
     new: tuple[Condition, ...]  # ... of which these were not active at the previous step
     action: str = ""  # '' carry on | 'stop' end early as a success | 'halt' end as broken
     because: str = ""  # the condition that asked for the action
+    entropy_baseline: float = math.nan  # the run's early entropy (exported, so alert rules can compare with it)
 
     @property
     def critical(self) -> bool:
@@ -72,7 +73,8 @@ class HealthMonitor:
         runlog = RunLog(series, "online", "sentinel", group_size=self.group_size, max_reward=sc.max_reward if sc else 1.0,
                         ln_vocab=sc.ln_vocab if sc else None, max_new_tokens=sc.max_new_tokens if sc else None,
                         eval_n=s.eval.n if s.eval else self._eval_n(), baseline_acc=self._baseline_acc)
-        active = tuple(c for c in diagnose(runlog, self.thresholds).conditions if c.last_step == s.step)
+        diag = diagnose(runlog, self.thresholds)
+        active = tuple(c for c in diag.conditions if c.last_step == s.step)
         # Hysteresis: a condition that flickers off and on within one window is the same episode.
         w = self.thresholds.window
         new = tuple(c for c in active if s.step - self._last_seen.get(c.id, -10**9) > w)
@@ -84,8 +86,8 @@ class HealthMonitor:
         ids = {c.id for c in active}
         for action, wanted in (("halt", self.halt_on), ("stop", self.stop_on)):  # halting wins
             if ids & wanted:
-                return Verdict(active, new, action, min(ids & wanted))
-        return Verdict(active, new)
+                return Verdict(active, new, action, min(ids & wanted), diag.entropy_baseline)
+        return Verdict(active, new, entropy_baseline=diag.entropy_baseline)
 
     def _eval_n(self) -> int | None:
         n = [x for x in self._rows.get("eval_n", []) if not math.isnan(x)]

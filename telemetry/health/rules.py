@@ -28,9 +28,6 @@ TRAINER_SIDE = {
     "late_degradation": "it reads held-out accuracy per evaluation point against the binomial noise of the eval set; "
                         "a time window holds an unknown, varying number of evaluation points",
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point",
-    "entropy_collapse": "it compares entropy with the run's own early baseline, and PromQL has no anchor at the "
-                        "start of a run",
-    "exploration": "as entropy_collapse: entropy relative to the run's early baseline",
 }
 # Where a PromQL row deliberately reads its detector differently.
 DIFFERS = {
@@ -38,10 +35,6 @@ DIFFERS = {
                        "run (later, the same reading is the same problem, and a page is still right)",
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
-}
-PARTLY_TRAINER_SIDE = {
-    "entropy_blowup": "PromQL pages on entropy near ln V; 'rising far above the early baseline while reward falls' "
-                      "needs the baseline, so that half comes from the trainer's verdict",
 }
 
 
@@ -78,7 +71,8 @@ def parse_duration(text: str) -> int:
 # The detector thresholds the PromQL rows read (the others belong to trainer-side rows).
 RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", "kl_flat", "reward_drop", "loose_gap",
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
-                   "entropy_blowup_lnv", "truncation", "wrong_longer")
+                   "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
+                   "exploration_rise", "exploration_signal", "truncation", "wrong_longer")
 
 
 def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
@@ -152,7 +146,12 @@ def recording_rules(p: RuleParams) -> list[dict]:
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
         "grpo:loss:se_2w": (f"avg by (job, instance) (stddev_over_time(grpo_loss[{w2}]))\n"
                             f"/ sqrt(avg by (job, instance) (count_over_time(grpo_loss[{w2}])))"),
+        "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
+        "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
+        # The run's early entropy, as the trainer's monitor computed it, and ln V (= entropy / normalized).
+        "grpo:entropy:baseline": "max by (job, instance) (grpo_entropy_baseline)",
+        "grpo:ln_vocab": "max by (job, instance) (grpo_entropy_mean / grpo_entropy_normalized)",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
@@ -237,12 +236,32 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
             "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),
+        "entropy_collapse": (
+            f"grpo:entropy_mean:avg_w < {_num(t.entropy_collapse)} * grpo:entropy:baseline\n"
+            "and grpo:entropy_mean:avg_w <= grpo:entropy_mean:avg_w_prev\n"
+            f"and abs(grpo:reward_mean:avg_w - grpo:reward_mean:avg_w_prev) < {_num(t.reward_drop * p.max_reward)}\n"
+            f"and {_aged(p, 2)}",
+            "entropy {{ $value }} nats, far below its early level, and reward flat",
+            f"Mean entropy over {w} is {{{{ $value }}}} nats, below {_num(t.entropy_collapse)}x the run's early "
+            "baseline and not rising, while the reward is flat: exploration is lost."),
         "entropy_blowup": (
             f"grpo:entropy_normalized:avg_w >= {_num(t.entropy_blowup_lnv)} and {_aged(p, 2)}\n"
-            f"or grpo:entropy_normalized:avg_w and (\n  {_verdict('entropy_blowup', p).replace(chr(10), chr(10) + '  ')}\n)",
+            f"or grpo:entropy_normalized:avg_w and (\n"
+            f"  grpo:entropy_mean:avg_w > {_num(t.entropy_blowup_baseline)} * grpo:entropy:baseline\n"
+            f"  and grpo:entropy_mean:avg_w - grpo:entropy:baseline > {_num(t.entropy_blowup_rise_lnv)} * grpo:ln_vocab\n"
+            f"  and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev\n  and {_aged(p, 2)}\n)",
             "entropy {{ $value | humanizePercentage }} of ln V: generation turning random",
-            f"Mean entropy over {w} is {{{{ $value | humanizePercentage }}}} of ln V (threshold {_num(t.entropy_blowup_lnv)}), "
-            "or the trainer saw it rise far above its early baseline while the reward falls."),
+            f"Mean entropy over {w} is {{{{ $value | humanizePercentage }}}} of ln V: at least "
+            f"{_num(t.entropy_blowup_lnv)}, or more than {_num(t.entropy_blowup_baseline)}x the run's early baseline "
+            "while the reward falls."),
+        "exploration": (
+            f"grpo:entropy_mean:avg_w > {_num(t.exploration_rise)} * grpo:entropy:baseline\n"
+            "and grpo:entropy_mean:avg_w > grpo:entropy_mean:avg_w_prev\n"
+            "and grpo:reward_mean:avg_w > grpo:reward_mean:avg_w_prev\n"
+            f"and grpo:frac_zero_std:avg_w < {_num(t.exploration_signal)}\nand {_aged(p, 2)}",
+            "entropy rising to {{ $value }} nats while reward rises: healthy exploration",
+            f"Mean entropy over {w} is {{{{ $value }}}} nats, above {_num(t.exploration_rise)}x its early baseline "
+            "and rising, while the reward rises and groups still carry signal. Nothing to do."),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'

@@ -29,8 +29,6 @@ def markdown() -> str:
         if r.id in rules.TRAINER_SIDE:
             source = (f"the trainer's verdict (`grpo_health_condition`, `grpo_health_episodes_total`). PromQL cannot "
                       f"express this row: {rules.TRAINER_SIDE[r.id]}.")
-        elif r.id in rules.PARTLY_TRAINER_SIDE:
-            source = f"PromQL and the trainer's verdict: {rules.PARTLY_TRAINER_SIDE[r.id]}."
         else:
             source = "PromQL over the exported series, with the detectors' thresholds (`grpo-sentinel rules` to change them)."
             if r.id in rules.DIFFERS:
@@ -51,7 +49,7 @@ def markdown() -> str:
     out += ["## Rows PromQL cannot express", "",
             "These alerts page on the verdict the trainer exports, because the signal is not a window statistic",
             "of the scraped series:", ""]
-    out += [f"- `{cid}`: {why}." for cid, why in {**rules.TRAINER_SIDE, **rules.PARTLY_TRAINER_SIDE}.items()]
+    out += [f"- `{cid}`: {why}." for cid, why in rules.TRAINER_SIDE.items()]
     out += ["", "`tests/test_rules_agreement.py` feeds every scenario of the diagnosis zoo (tests/zoo.py) to",
             "`promtool test rules` and checks that the PromQL alerts that fire are exactly the conditions",
             "`grpo-sentinel diagnose` reports, row by row.", ""]
