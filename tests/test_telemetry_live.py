@@ -100,6 +100,10 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     assert last("grpo_steps_total") == STEPS
     assert last("grpo_tokens_total") == pytest.approx(sum(float(r["response_len"]) * 64 for r in rows), abs=0.5)
     assert query("last_over_time(ALERTS[10m])") == []  # the rules are loaded; a healthy run fires none
+    # ... and every rule evaluated without error on the real label sets (vector matching, divisions).
+    groups = json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/rules"))["data"]["groups"]
+    broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
+    assert sum(len(g["rules"]) for g in groups) > 40 and not broken, broken
     info = query("last_over_time(target_info[5m])")
     assert info and info[0]["metric"]["grpo_run_id"] == "r" and info[0]["metric"]["service_name"] == "grpo-sentinel"
 
