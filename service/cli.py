@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     diag.add_argument("--json", action="store_true", help="print {conditions, summary, not_assessable, notes} as JSON, nothing else")
     diag.add_argument("--report", type=Path, metavar="FILE.md", help="write the markdown monitoring report")
     diag.add_argument("--plot", type=Path, metavar="FILE.png", help="write a PNG of the curves with condition windows shaded")
-    diag.add_argument("--window", type=int, help="detector window in steps (default: ~400 completions when the log "
-                                                 "says G and prompts per step, as the trainer does; else 20)")
+    diag.add_argument("--window", type=int, help="detector window in steps (default: the run's health.window, else "
+                                                 "~400 completions when the log says G and prompts per step, as the "
+                                                 "trainer does; else 20)")
     diag.add_argument("--max-new-tokens", type=int, help="completion cap, if the log does not say (for length_pathology)")
     diag.add_argument("--vocab-size", type=int, help="V, if the log does not say (entropy ceiling ln V)")
     diag.add_argument("--eval-n", type=int, help="held-out set size, if the log does not say (accuracy noise)")
@@ -115,7 +116,7 @@ def _diagnose(args) -> int:
     log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
     log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
     log.eval_n = args.eval_n or log.eval_n
-    th = Thresholds(window=args.window or auto_window(log.completions_per_step))
+    th = Thresholds(window=args.window or log.window or auto_window(log.completions_per_step))
     result = diagnose(log, th)
     if args.report:
         args.report.write_text(to_markdown(result, log, th))

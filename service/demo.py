@@ -1,4 +1,4 @@
-"""The embedded default: a ~0.8 M-parameter Qwen2-style model that learns two-digit addition.
+"""The embedded default: a ~1 M-parameter Qwen2-style model that learns two-digit addition.
 
 Nothing is downloaded. The tokenizer is trained here with `tokenizers` (one token per
 character), the model is built from a config, and a short supervised warm-up takes it from

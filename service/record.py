@@ -64,9 +64,7 @@ class RunRecord:
     """Consumes StepStats; writes both CSVs. A curve row averages the steps since the previous one."""
 
     def __init__(self, run_dir: Path, reward_names: list[str]):
-        step_cols = list(StepStats.__dataclass_fields__)
-        scalar = [c for c in step_cols if c not in ("reward_components", "eval", "samples", "step", "reward", "kl", "loss",
-                                                    "skipped", "health")]
+        scalar = [c for c in StepStats.scalar_fields() if c not in ("step", "reward", "kl", "loss", "skipped")]
         rest = scalar + [f"reward_{n}" for n in reward_names]
         self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["skipped", "health"])
         self.curve = _CsvLog(run_dir / "reward-vs-step.csv",

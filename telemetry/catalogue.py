@@ -164,7 +164,7 @@ CATALOGUE: list[Metric] = [
            "Updates skipped (attribute `reason`: nonfinite, no_scored_samples).", _skipped,
            initial=({"reason": "nonfinite"}, {"reason": "no_scored_samples"})),
     Metric("grpo.reward.invalid", "counter", "{call}", "step",
-           "Reward calls that raised or returned None/NaN/inf (sample excluded or given the fallback).", _rewards_invalid),
+           "Reward calls that raised or returned None/NaN/inf or a non-number (sample excluded or given the fallback).", _rewards_invalid),
     Metric("grpo.nonfinite", "counter", "{value}", "step",
            "Non-finite per-step values (attribute `signal`: loss, grad_norm, reward, kl, entropy).", lambda s: [],
            initial=tuple({"signal": k} for k in ("loss", "grad_norm", "reward", "kl", "entropy"))),

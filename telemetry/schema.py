@@ -87,11 +87,15 @@ class StepStats:
     entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
     samples: Samples | None = field(default=None, repr=False)
 
+    @classmethod
+    def scalar_fields(cls) -> list[str]:
+        """The per-step scalars of the run record (the monitor's outputs and the nested parts are not)."""
+        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline")
+        return [f.name for f in fields(cls) if f.name not in nested]
+
     def row(self) -> dict[str, float | int | str]:
-        """Flat CSV/metric row: scalar fields, then `reward_<fn>` columns, then the eval columns."""
-        out: dict[str, float | int | str] = {
-            f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline")
-        }
+        """Flat CSV/metric row: scalar fields, then `reward_<fn>` columns, then the eval columns and health."""
+        out: dict[str, float | int | str] = {name: getattr(self, name) for name in self.scalar_fields()}
         out.update({f"reward_{k}": v for k, v in self.reward_components.items()})
         ev = self.eval
         out.update(sample_acc=ev.sample_acc if ev else math.nan, greedy_acc=ev.greedy_acc if ev else math.nan,

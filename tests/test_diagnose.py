@@ -122,3 +122,16 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200
     assert log.ln_vocab == pytest.approx(np.log(15), rel=1e-3)
     assert not [c for c in diagnose(log).conditions if c.severity == "critical"]
+
+
+def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):
+    """A run directory's config.yaml says G, prompts per step and health.window: the offline windows
+    are then the trainer's own (set window beats the ~400-completion rule)."""
+    from telemetry.health.ingest import load
+
+    (tmp_path / "steps.csv").write_text("step,reward,kl,loss\n" + "".join(f"{i},0.5,0.01,0\n" for i in range(1, 31)))
+    (tmp_path / "config.yaml").write_text("grpo: {group_size: 8, prompts_per_step: 8}\nhealth: {window: 9}\n")
+    log = load(tmp_path, "auto")
+    assert (log.completions_per_step, log.window) == (64, 9)
+    out = subprocess.run(cli("diagnose", str(tmp_path), "--json"), capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout)["summary"]["reward_curve"]["window"] == 9, out.stdout[:500]

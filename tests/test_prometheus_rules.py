@@ -156,12 +156,14 @@ def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
     drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
     case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
-        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464"}', "values": "0.05x5"}],
+        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464"}', "values": "0.05x5"},
+                         {"series": 'target_info{job="grpo",instance="10.0.0.7:9464",grpo_run_id="run 7"}', "values": "1x5"}],
         "alert_rule_test": [{"eval_time": "2m", "alertname": "GRPOAdvMeanDrift", "exp_alerts": [{
             "exp_labels": {"severity": "critical", "condition": "adv_mean_drift", "job": "grpo", "instance": "10.0.0.7:9464"},
             "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
                                    for k, v in drift["annotations"].items()},
-                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-instance=10.0.0.7%3A9464"},
+                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7"
+                                                 "&var-instance=10.0.0.7%3A9464"},
         }]}],
     }]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))

@@ -31,6 +31,7 @@ class RunLog:
     format: str
     group_size: int | None = None
     completions_per_step: int | None = None
+    window: int | None = None  # detector window the run's config set (health.window), if any
     max_new_tokens: int | None = None
     max_reward: float = 1.0
     ln_vocab: float | None = None
@@ -134,6 +135,7 @@ def _sentinel(path: Path) -> RunLog:
         log.group_size, log.max_new_tokens = g.get("group_size"), g.get("max_new_tokens")
         if log.group_size and g.get("prompts_per_step"):
             log.completions_per_step = log.group_size * g["prompts_per_step"]
+        log.window = (cfg.get("health") or {}).get("window")  # the trainer's own window, when it was set
         log.max_reward = max(1.0, sum(max(r.get("weight", 1.0), 0.0) for r in cfg.get("rewards", [])))
     if log.has("entropy_norm") and log.has("entropy"):
         ratio = series["entropy"] / series["entropy_norm"]

@@ -116,7 +116,7 @@ def plot(diag: Diagnosis, log: RunLog, th: Thresholds, path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install 'grpo-sentinel[plot]'") from None
+        raise RuntimeError("--plot needs matplotlib: .venv/bin/pip install -e '.[plot]'") from None
     s, w = log.series, th.window
     panels = [n for n in ("reward", "kl", "loss", "entropy", "frac_zero_std", "response_len") if log.has(n)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.0 * len(panels)), sharex=True, squeeze=False)

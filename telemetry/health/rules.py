@@ -8,7 +8,7 @@ The rows in TRAINER_SIDE cannot be written in PromQL (the reason is given, and p
 runbook); their alerts page on the verdict the trainer's own monitor exports.
 
 `python -m telemetry.health.rules > deploy/prometheus/grpo-rules.yml` writes the defaults (a test keeps the
-committed file equal); `grpo-sentinel rules --window 10m --set kl_bound=0.5` writes a variant.
+committed file equal); `grpo-sentinel rules --set window=10m --set kl_bound=0.5` writes a variant.
 """
 
 from __future__ import annotations
@@ -285,11 +285,14 @@ def alert_name(cid: str) -> str:
 
 
 def _dashboard(p: RuleParams) -> dict[str, str]:
-    """The run's dashboard (grafana/dashboards/grpo-health.json), from the alert's own labels."""
+    """The alerting run's dashboard (grafana/dashboards/grpo-health.json): job and instance from the
+    alert's labels, the run id looked up in `target_info` when the alert fires."""
     if not p.grafana:
         return {}
+    run = ('{{ with printf "max by (grpo_run_id) (target_info{job=%q, instance=%q})" $labels.job $labels.instance '
+           '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
     return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}"
-                             "&var-instance={{ $labels.instance | urlquery }}"}
+                             f"&var-run={run}&var-instance={{{{ $labels.instance | urlquery }}}}"}
 
 
 def health_rules(p: RuleParams) -> list[dict]:

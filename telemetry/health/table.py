@@ -38,7 +38,7 @@ TABLE: list[Row] = [
     Row("plateau_kl_flat", "warning", "reward slope ~ 0 early while KL ~ 0",
         "beta too large, or sampling temperature too low", "lower beta or use a KL schedule; raise the temperature",
         dont="raise the LR first: while beta dominates, a larger step mostly amplifies noise"),
-    Row("plateau_grader_loose", "warning", "reward high and flat, KL normal, sample_acc not rising (reward far above sample_acc)",
+    Row("plateau_grader_loose", "warning", "reward high and flat, KL normal, the strict verifier accepting far less of the same completions",
         "verifier too loose: 'just hitting' the format is rewarded", "tighten the verifier; multi-condition or partial credit",
         dont="read the reward as progress: judge by held-out `sample_acc` and the strict verifier"),
     Row("plateau_small_group", "warning", "reward flat and noisy (high windowed sd), G <= 4, high frac_zero_std",
