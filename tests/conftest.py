@@ -2,6 +2,8 @@ import os
 import shutil
 import socket
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 300.0, every: float = 0.005) -> bool:
+    """Poll until predicate() is true; False if `timeout` seconds pass first. Never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
+
+
+def answers(url: str) -> bool:
+    """True once a server answers `url` (a started process is not yet a listening one)."""
+    try:
+        urllib.request.urlopen(url)
+        return True
+    except OSError:
+        return False

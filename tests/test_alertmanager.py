@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import yaml
 
-from conftest import REPO, free_port, installed
+from conftest import REPO, answers, free_port, installed, wait_for
 from telemetry.health import rules
 
 EXAMPLE = REPO / "deploy" / "alertmanager" / "example.yml"
@@ -90,22 +90,12 @@ def test_a_real_alertmanager_pages_once_per_run_and_inhibits_its_warnings(tmp_pa
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         api = f"http://127.0.0.1:{port}/api/v2"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{api}/status")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "alertmanager did not start"
-                time.sleep(0.1)
+        assert wait_for(lambda: answers(f"{api}/status"), 30, 0.1), "alertmanager did not start"
         alerts = [_alert("GRPOKLRunaway", "a"), _alert("GRPOKLDominant", "a"), _alert("GRPOSignalVanished", "a"),
                   _alert("GRPOMetricsExportFailing", "a"), _alert("GRPOSignalVanished", "b")]
         req = urllib.request.Request(f"{api}/alerts", json.dumps(alerts).encode(), {"Content-Type": "application/json"})
         urllib.request.urlopen(req)
-        deadline = time.monotonic() + 30
-        while len(Webhook.received) < 3:
-            assert time.monotonic() < deadline, Webhook.received
-            time.sleep(0.1)
+        assert wait_for(lambda: len(Webhook.received) >= 3, 30, 0.1), Webhook.received
         time.sleep(2)  # two more group intervals: nothing else may arrive
     finally:
         proc.terminate()

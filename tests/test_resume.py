@@ -4,12 +4,11 @@ import csv
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, wait_for
 
 STEPS = 24
 ARGS = ["--steps", str(STEPS), "--set", "run.sample_every=8", "--set", "run.checkpoint_every=5",
@@ -35,15 +34,6 @@ def steps_done(run_dir: Path) -> int:
         return len(rows(run_dir / "steps.csv"))
     except (FileNotFoundError, KeyError):
         return 0
-
-
-def wait_for(predicate, timeout=300.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, free_port, installed
+from conftest import answers, cli, free_port, installed, wait_for
 from telemetry import dashboard
 from telemetry.catalogue import CATALOGUE
 from telemetry.health.rules import RuleParams, render
@@ -49,14 +49,7 @@ def prometheus(tmp_path):
         url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         return json.load(urllib.request.urlopen(url))["data"]["result"]
 
-    deadline = time.monotonic() + 30
-    while True:  # ready when the API answers; never a fixed sleep
-        try:
-            query("up")
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "prometheus did not start"
-            time.sleep(0.1)
+    assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
     yield query, target, web
     proc.terminate()
     proc.wait(timeout=30)

@@ -75,6 +75,9 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "exploration_rise", "exploration_signal", "truncation", "wrong_longer")
 
 
+_DURATIONS = ("window", "pending", "stall")  # RuleParams fields in seconds, set as 300, 90s, 5m, 1h
+
+
 def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
     """Apply NAME=VALUE settings (a RuleParams field or a threshold in RULE_THRESHOLDS); any problem
     raises ValueError saying what to write instead."""
@@ -86,23 +89,24 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
             raise ValueError(f"{s!r}: write NAME=VALUE, e.g. kl_bound=0.5")
         if name not in own and name not in RULE_THRESHOLDS:
             raise ValueError(f"unknown rule setting {name!r}; known: {', '.join(own + list(RULE_THRESHOLDS))}")
+        kind = type(getattr(p if name in own else p.thresholds, name))
+        if name in _DURATIONS:
+            want = "duration" if name == "pending" else "positive duration"
+        else:
+            want = {str: "text", int: "whole number"}.get(kind, "number")
         try:
-            if name in ("window", "pending", "stall"):
+            if name in _DURATIONS:
                 p_kw[name] = parse_duration(value)
                 if p_kw[name] == 0 and name != "pending":
                     raise ValueError
-            elif name in ("runbook", "grafana"):
+            elif kind is str:
                 p_kw[name] = value
-            elif name in own:
-                p_kw[name] = float(value)
             else:
-                x, kind = float(value), type(getattr(p.thresholds, name))
+                x = float(value)
                 if kind is int and not x.is_integer():
                     raise ValueError
-                th_kw[name] = kind(x)
+                (p_kw if name in own else th_kw)[name] = kind(x)
         except ValueError:
-            want = {"window": "positive duration", "pending": "duration", "stall": "positive duration",
-                    "small_group": "whole number", "nonfinite_run": "whole number"}.get(name, "number")
             raise ValueError(f"{name}={value!r} is not a {want}") from None
     return replace(p, **p_kw, thresholds=replace(p.thresholds, **th_kw))
 

@@ -11,10 +11,10 @@ from telemetry.health import rules
 from telemetry.health.table import OPERATIONAL, TABLE
 
 
-def _panels_reading(cid: str) -> list[str]:
-    """Dashboard panels whose description reads this row (dashboard._read writes '-> <row> (')."""
-    return [p.title for _, row in dashboard.panels() for p in (b.build() for b in row)
-            if p.description and f"-> {cid} (" in p.description]
+def _panels_reading() -> dict[str, list[str]]:
+    """Row id -> the dashboard panels whose description reads it (dashboard._read writes '-> <row> (')."""
+    panels = [p.build() for _, row in dashboard.panels() for p in row]
+    return {r.id: [p.title for p in panels if p.description and f"-> {r.id} (" in p.description] for r in TABLE}
 
 
 def markdown() -> str:
@@ -25,6 +25,7 @@ def markdown() -> str:
            "Read the curves together: every single curve has two opposite explanations. The trainer evaluates",
            "every row itself (the dashboard's *Health conditions* lanes, the `health` column of `steps.csv`, and",
            "`grpo-sentinel diagnose` offline, with the evidence); the alerts below say where each page comes from.", ""]
+    reading = _panels_reading()
     for r in TABLE:
         if r.id in rules.TRAINER_SIDE:
             source = (f"the trainer's verdict (`grpo_health_condition`, `grpo_health_episodes_total`). PromQL cannot "
@@ -33,7 +34,7 @@ def markdown() -> str:
             source = "PromQL over the exported series, with the detectors' thresholds (`grpo-sentinel rules` to change them)."
             if r.id in rules.DIFFERS:
                 source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
-        panels = ", ".join(f"*{t}*" for t in _panels_reading(r.id)) or "*Health conditions*"
+        panels = ", ".join(f"*{t}*" for t in reading[r.id]) or "*Health conditions*"
         out += [f"## {r.id}", "",
                 f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}. **Source**: {source}", "",
                 f"**Means**: {r.signals}.", "",
