@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from telemetry.health.detectors import diagnose
-from telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.health.ingest import RunLog
 
 
 def synthetic(n: int, seed: int = 0) -> RunLog:

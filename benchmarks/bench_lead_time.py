@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.table import BY_ID
 
 INDUCED = {
     "high_lr (1e-2)": ["optim.lr=1e-2"],
@@ -30,7 +30,7 @@ INDUCED = {
 
 
 def run(name: str, overrides: list[str], steps: int, out: Path) -> dict:
-    args = [sys.executable, "-m", "service.cli", "train", "--steps", str(steps), "--out", str(out),
+    args = [sys.executable, "-m", "grpo_sentinel.service.cli", "train", "--steps", str(steps), "--out", str(out),
             "--set", f"run.run_id={name}", "--set", "run.sample_every=10", "--set", "telemetry.prometheus=false",
             "--set", "health.stop_on=[]"]
     for o in overrides:

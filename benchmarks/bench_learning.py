@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def run(seed: int, steps: int, out: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "service.cli", "train", "--steps", str(steps), "--out", str(out),
+    subprocess.run([sys.executable, "-m", "grpo_sentinel.service.cli", "train", "--steps", str(steps), "--out", str(out),
                     "--set", f"run.seed={seed}", "--set", f"run.run_id=seed{seed}"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = list(csv.DictReader((out / f"seed{seed}" / "reward-vs-step.csv").open()))

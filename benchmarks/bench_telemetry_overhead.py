@@ -28,9 +28,9 @@ VARIANTS = ["off", "on", "dead_otlp"]
 def worker(variant: str, steps: int, otlp_port: int) -> list[float]:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    from service.config import load_config
-    from service.trainer import Trainer, build_policy, run_info
-    from telemetry.otel import OTelSink
+    from grpo_sentinel.service.config import load_config
+    from grpo_sentinel.service.trainer import Trainer, build_policy, run_info
+    from grpo_sentinel.telemetry.otel import OTelSink
 
     cfg = load_config(None, [], **{"run.steps": steps})
     sinks = []

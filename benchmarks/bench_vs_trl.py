@@ -29,7 +29,7 @@ VARIANTS = ["ours", "trl_default", "trl_no_ckpt"]
 
 
 def model_dir(setting: str, tmp: Path) -> Path:
-    from service.demo import demo_model_dir
+    from grpo_sentinel.service.demo import demo_model_dir
 
     src = demo_model_dir()
     if setting == "demo":
@@ -52,8 +52,8 @@ def model_dir(setting: str, tmp: Path) -> Path:
 
 
 def worker_ours(path: Path, max_new: int, steps: int) -> list[float]:
-    from service.config import load_config
-    from service.trainer import Trainer, build_policy
+    from grpo_sentinel.service.config import load_config
+    from grpo_sentinel.service.trainer import Trainer, build_policy
 
     cfg = load_config(None, [f"model.path={path}", "data.path=" + str(_dataset()), "data.eval_size=16",
                              f"grpo.max_new_tokens={max_new}", f"grpo.beta={BETA}", f"optim.lr={LR}",
@@ -76,7 +76,7 @@ def worker_trl(path: Path, max_new: int, steps: int, checkpointing: bool | None)
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from service.data import Verifier, read_jsonl
+    from grpo_sentinel.service.data import Verifier, read_jsonl
 
     verifier = Verifier("exact")
     rows = [{"prompt": e.prompt + "=", "answer": e.answer} for e in read_jsonl(_dataset())]
@@ -108,7 +108,7 @@ def worker_trl(path: Path, max_new: int, steps: int, checkpointing: bool | None)
 
 def _dataset() -> Path:
     """The demo problems as a JSONL file, so both trainers read the same prompts."""
-    from service.demo import addition_examples
+    from grpo_sentinel.service.demo import addition_examples
 
     path = Path(tempfile.gettempdir()) / "grpo-sentinel-bench-addition.jsonl"
     if not path.exists():

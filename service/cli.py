@@ -11,8 +11,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from service.config import ConfigError, load_config
-from telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.service.config import ConfigError, load_config
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger("grpo_sentinel")
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def telemetry_sinks(cfg) -> list:
-    from telemetry.otel import OTelSink, otlp_exporter_from_env
+    from grpo_sentinel.telemetry.otel import OTelSink, otlp_exporter_from_env
 
     t = cfg.telemetry
     otlp = otlp_exporter_from_env()
@@ -104,9 +104,9 @@ def _diagnose(args) -> int:
     import json
     import math
 
-    from telemetry.health.detectors import Thresholds, auto_window, diagnose
-    from telemetry.health.ingest import IngestError, load
-    from telemetry.health.report import plot, to_json, to_markdown, to_text
+    from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
+    from grpo_sentinel.telemetry.health.ingest import IngestError, load
+    from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text
 
     try:
         log = load(args.path, args.format)
@@ -131,7 +131,7 @@ def _diagnose(args) -> int:
 
 
 def _rules(args) -> int:
-    from telemetry.health.rules import RuleParams, render, with_settings
+    from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
 
     try:
         params = with_settings(RuleParams(), args.settings)
@@ -143,7 +143,7 @@ def _rules(args) -> int:
 
 
 def _train(args) -> int:
-    from service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
+    from grpo_sentinel.service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
 
     try:
         if args.resume is not None:

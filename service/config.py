@@ -86,7 +86,7 @@ class RewardSpec(_Section):
     @field_validator("name")
     @classmethod
     def _resolvable(cls, v: str) -> str:
-        from service.rewards import BUILTIN, import_function
+        from grpo_sentinel.service.rewards import BUILTIN, import_function
 
         if v in BUILTIN:
             return v
@@ -163,7 +163,7 @@ class HealthSettings(_Section):
     @field_validator("stop_on", "halt_on")
     @classmethod
     def _known_conditions(cls, v: list[str]) -> list[str]:
-        from telemetry.health.table import BY_ID
+        from grpo_sentinel.telemetry.health.table import BY_ID
 
         for cid in v:
             if cid not in BY_ID:

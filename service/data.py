@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.config import DEMO, DataSettings
+from grpo_sentinel.service.config import DEMO, DataSettings
 
 
 class DataError(ValueError):
@@ -30,7 +30,7 @@ class Datasets:
 
 def load_datasets(cfg: DataSettings, seed: int) -> Datasets:
     if cfg.path == DEMO:
-        from service.demo import addition_examples
+        from grpo_sentinel.service.demo import addition_examples
 
         # Held-out problems come from the tenth the demo's warm-up never saw.
         seen, unseen = addition_examples(unseen=False), addition_examples(unseen=True)

@@ -25,7 +25,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from service.data import Example
+from grpo_sentinel.service.data import Example
 
 log = logging.getLogger(__name__)
 

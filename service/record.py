@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-from telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 CURVE_HEAD = ["step", "reward", "kl", "loss", "sample_acc"]  # the user's required format, in this order
 _NOT_AVERAGED = {"step", "skipped", "health", "eval_n", "sample_acc", "greedy_acc"}

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.config import GRPOSettings, RewardSpec
-from service.data import Verifier
+from grpo_sentinel.service.config import GRPOSettings, RewardSpec
+from grpo_sentinel.service.data import Verifier
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,18 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from service import checkpoint
-from service.config import DEMO, Config
-from service.data import BatchSampler, Datasets, Example, Verifier, load_datasets
-from service.grpo.rollout import sample
-from service.grpo.step import Policy, grpo_step
-from service.record import RunRecord
-from service.rewards import RewardScorer
-from telemetry.health import ingest
-from telemetry.health.detectors import Thresholds, auto_window
-from telemetry.health.monitor import HealthMonitor
-from telemetry.interface import StepSink
-from telemetry.schema import Eval, RunInfo, Scales, StepStats
+from grpo_sentinel.service import checkpoint
+from grpo_sentinel.service.config import DEMO, Config
+from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, load_datasets
+from grpo_sentinel.service.grpo.rollout import sample
+from grpo_sentinel.service.grpo.step import Policy, grpo_step
+from grpo_sentinel.service.record import RunRecord
+from grpo_sentinel.service.rewards import RewardScorer
+from grpo_sentinel.telemetry.health import ingest
+from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
+from grpo_sentinel.telemetry.health.monitor import HealthMonitor
+from grpo_sentinel.telemetry.interface import StepSink
+from grpo_sentinel.telemetry.schema import Eval, RunInfo, Scales, StepStats
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def step_seed(seed: int, step: int) -> int:
 
 
 def build_policy(cfg: Config) -> Policy:
-    from service.demo import demo_model_dir
+    from grpo_sentinel.service.demo import demo_model_dir
 
     path = demo_model_dir() if cfg.model.path == DEMO else Path(cfg.model.path).expanduser()
     device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

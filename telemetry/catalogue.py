@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from telemetry.health.table import BY_ID, TABLE
-from telemetry.schema import Scales, StepStats
+from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
+from grpo_sentinel.telemetry.schema import Scales, StepStats
 
 
 Points = Iterable[tuple[float, dict[str, str]]]  # (value, attributes)
@@ -187,7 +187,7 @@ def nonfinite_signals(s: StepStats) -> list[str]:
 
 
 def markdown() -> str:
-    """docs/metrics.md, generated: `python -m telemetry.catalogue > docs/metrics.md` (a test checks it)."""
+    """docs/metrics.md, generated: `python -m grpo_sentinel.telemetry.catalogue > docs/metrics.md` (a test checks it)."""
     lines = [
         "# Metric catalogue",
         "",

@@ -1,4 +1,4 @@
-"""The Grafana dashboard, as code: `python -m telemetry.dashboard > grafana/dashboards/grpo-health.json`
+"""The Grafana dashboard, as code: `python -m grpo_sentinel.telemetry.dashboard > grafana/dashboards/grpo-health.json`
 (a test keeps the committed JSON equal, and runs every query against a real Prometheus scraping a
 real trainer).
 
@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import common, dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.table import BY_ID
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUN = 'job=~"$job", instance=~"$instance"'  # every query's selector: the run chosen above

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 
 class StepSink(Protocol):

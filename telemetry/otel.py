@@ -19,8 +19,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from telemetry.catalogue import CATALOGUE, nonfinite_signals
-from telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.telemetry.catalogue import CATALOGUE, nonfinite_signals
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import yaml
 
 from conftest import REPO, answers, free_port, installed, wait_for
-from telemetry.health import rules
+from grpo_sentinel.telemetry.health import rules
 
 EXAMPLE = REPO / "deploy" / "alertmanager" / "example.yml"
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import cli
-from service.config import ConfigError, load_config
+from grpo_sentinel.service.config import ConfigError, load_config
 
 
 def errors_of(tmp_path, text: str = "", overrides=()) -> str:

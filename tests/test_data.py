@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from service.config import DataSettings
-from service.data import BatchSampler, DataError, Verifier, load_datasets, read_jsonl
+from grpo_sentinel.service.config import DataSettings
+from grpo_sentinel.service.data import BatchSampler, DataError, Verifier, load_datasets, read_jsonl
 
 
 def write(tmp_path, lines):
@@ -30,7 +30,7 @@ def test_heldout_is_fixed_by_seed_and_disjoint(tmp_path):
 
 
 def test_demo_heldout_never_seen_by_the_warmup():
-    from service.demo import _is_unseen
+    from grpo_sentinel.service.demo import _is_unseen
 
     ds = load_datasets(DataSettings(), seed=0)
     assert len(ds.heldout) == 200

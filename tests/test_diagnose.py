@@ -9,9 +9,9 @@ import pytest
 
 import zoo
 from conftest import cli
-from telemetry.health.detectors import diagnose
-from telemetry.health.ingest import IngestError, load
-from telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.health.ingest import IngestError, load
+from grpo_sentinel.telemetry.health.table import BY_ID
 
 BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
 PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"
@@ -112,8 +112,8 @@ def test_cli_json_report_and_plot(tmp_path):
 
 
 def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
-    from service.config import load_config
-    from service.trainer import Trainer
+    from grpo_sentinel.service.config import load_config
+    from grpo_sentinel.service.trainer import Trainer
 
     cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 30})
     Trainer(cfg, tmp_path / "r").run()
@@ -127,7 +127,7 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
 def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):
     """A run directory's config.yaml says G, prompts per step and health.window: the offline windows
     are then the trainer's own (set window beats the ~400-completion rule)."""
-    from telemetry.health.ingest import load
+    from grpo_sentinel.telemetry.health.ingest import load
 
     (tmp_path / "steps.csv").write_text("step,reward,kl,loss\n" + "".join(f"{i},0.5,0.01,0\n" for i in range(1, 31)))
     (tmp_path / "config.yaml").write_text("grpo: {group_size: 8, prompts_per_step: 8}\nhealth: {window: 9}\n")

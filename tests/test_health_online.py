@@ -3,8 +3,8 @@
 import csv
 import json
 
-from service.config import load_config
-from service.trainer import Trainer
+from grpo_sentinel.service.config import load_config
+from grpo_sentinel.service.trainer import Trainer
 
 
 def constant(completion, answer, prompt):

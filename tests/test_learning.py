@@ -37,7 +37,7 @@ def test_default_demo_learns_and_writes_the_record(tmp_path, demo_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["step"] == 300
     assert summary["baseline"]["sample_acc"] == acc[0]
-    from telemetry.health.table import BY_ID
+    from grpo_sentinel.telemetry.health.table import BY_ID
 
     # the healthy default run pages nobody
     assert not [c for c in summary["health_conditions"] if BY_ID[c].severity == "critical"], summary["health_conditions"]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from service.grpo import math as gm
+from grpo_sentinel.service.grpo import math as gm
 
 
 def test_advantages_golden_unbiased_std():

@@ -7,11 +7,11 @@ import subprocess
 import yaml
 
 from conftest import REPO, cli
-from telemetry import dashboard
-from telemetry.catalogue import CATALOGUE
-from telemetry.health import rules as rulegen
-from telemetry.health.runbook import markdown as runbook_markdown
-from telemetry.health.table import TABLE
+from grpo_sentinel.telemetry import dashboard
+from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from grpo_sentinel.telemetry.health import rules as rulegen
+from grpo_sentinel.telemetry.health.runbook import markdown as runbook_markdown
+from grpo_sentinel.telemetry.health.table import TABLE
 
 RULES = REPO / "deploy" / "prometheus" / "grpo-rules.yml"
 
@@ -35,7 +35,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_committed_rules_are_the_generated_defaults():
-    assert RULES.read_text() == rulegen.render(), "run: python -m telemetry.health.rules > deploy/prometheus/grpo-rules.yml"
+    assert RULES.read_text() == rulegen.render(), "run: python -m grpo_sentinel.telemetry.health.rules > deploy/prometheus/grpo-rules.yml"
 
 
 def test_one_alert_per_table_row_with_its_severity_and_words():
@@ -91,7 +91,7 @@ def test_rules_use_only_catalogue_metrics_and_existing_runbook_anchors():
 
 def test_runbook_is_generated_from_the_table():
     assert (REPO / "docs" / "runbook.md").read_text() == runbook_markdown(), \
-        "run: python -m telemetry.health.runbook > docs/runbook.md"
+        "run: python -m grpo_sentinel.telemetry.health.runbook > docs/runbook.md"
 
 
 GRAFANA_VARS = {"$job": "grpo", "$instance": ".*", "$window": "5m", "$__rate_interval": "1m", "$__range": "1h"}
@@ -111,7 +111,7 @@ def test_committed_dashboard_is_the_generated_one_and_reads_as_a_grafana_dashboa
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
     path = REPO / "grafana" / "dashboards" / "grpo-health.json"
-    assert path.read_text() == dashboard.render(), "run: python -m telemetry.dashboard > grafana/dashboards/grpo-health.json"
+    assert path.read_text() == dashboard.render(), "run: python -m grpo_sentinel.telemetry.dashboard > grafana/dashboards/grpo-health.json"
     # The SDK's Grafana 10.1 model reads it back to the same JSON: nothing outside the schema. (It
     # re-adds the schema's default variable id, which build() drops on purpose.)
     board = json.loads(path.read_text())

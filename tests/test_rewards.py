@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 
-from service.config import GRPOSettings, RewardSpec
-from service.data import Verifier
-from service.rewards import RewardScorer
+from grpo_sentinel.service.config import GRPOSettings, RewardSpec
+from grpo_sentinel.service.data import Verifier
+from grpo_sentinel.service.rewards import RewardScorer
 
 CALLS = {"n": 0}
 

@@ -13,9 +13,9 @@ import numpy as np
 import yaml
 
 import zoo
-from telemetry.health.detectors import Thresholds, diagnose
-from telemetry.health.ingest import RunLog
-from telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
+from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
+from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
 
 STEP_S = 15
 COMPLETIONS = zoo.P * zoo.G  # per step, every scenario

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from telemetry.stats import mean, moving_average, percentile, sd, slope, summarize, windowed_sd
+from grpo_sentinel.telemetry.stats import mean, moving_average, percentile, sd, slope, summarize, windowed_sd
 
 
 def test_percentile_golden_and_contract():

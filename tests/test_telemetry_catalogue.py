@@ -5,14 +5,14 @@ import urllib.request
 import numpy as np
 
 from conftest import REPO
-from telemetry import catalogue
-from telemetry.otel import OTelSink
-from telemetry.schema import RunInfo, Samples, Scales, StepStats
+from grpo_sentinel.telemetry import catalogue
+from grpo_sentinel.telemetry.otel import OTelSink
+from grpo_sentinel.telemetry.schema import RunInfo, Samples, Scales, StepStats
 
 
 def test_docs_metrics_md_is_generated_from_the_catalogue():
     assert (REPO / "docs" / "metrics.md").read_text() == catalogue.markdown(), \
-        "run: python -m telemetry.catalogue > docs/metrics.md"
+        "run: python -m grpo_sentinel.telemetry.catalogue > docs/metrics.md"
 
 
 def fixed_step() -> StepStats:

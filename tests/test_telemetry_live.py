@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import answers, cli, free_port, installed, wait_for
-from telemetry import dashboard
-from telemetry.catalogue import CATALOGUE
-from telemetry.health.rules import RuleParams, render
+from grpo_sentinel.telemetry import dashboard
+from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from grpo_sentinel.telemetry.health.rules import RuleParams, render
 
 # The shipped rules with windows for the demo's pace (~5 steps a second, scraped every 200 ms): a
 # 2 s window is ~10 steps, about the detectors' own window for the demo (7 steps).
@@ -169,9 +169,9 @@ def test_otlp_receiver_gets_the_same_names_and_values(tmp_path, demo_dir):
 def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    from service.config import load_config
-    from service.trainer import Trainer
-    from telemetry.otel import OTelSink
+    from grpo_sentinel.service.config import load_config
+    from grpo_sentinel.service.trainer import Trainer
+    from grpo_sentinel.telemetry.otel import OTelSink
 
     dead = f"http://127.0.0.1:{free_port()}/v1/metrics"  # nothing listens there
     sink = OTelSink(None, OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from service.config import load_config
-from service.trainer import Trainer
+from grpo_sentinel.service.config import load_config
+from grpo_sentinel.service.trainer import Trainer
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def trainer(tmp_path, demo_dir):
                           **{"run.steps": 6})
         t = Trainer(cfg, tmp_path / "run")
         t.run_dir.mkdir(parents=True)
-        from service.trainer import build_policy
+        from grpo_sentinel.service.trainer import build_policy
 
         t.policy = build_policy(cfg)
         t.record.open(None)

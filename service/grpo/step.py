@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from service.config import GRPOSettings
-from service.data import Example
-from service.grpo import math as gm
-from service.grpo.rollout import Rollout, position_ids, sample
-from service.rewards import RewardScorer, Scores
-from telemetry.schema import Samples, StepStats
+from grpo_sentinel.service.config import GRPOSettings
+from grpo_sentinel.service.data import Example
+from grpo_sentinel.service.grpo import math as gm
+from grpo_sentinel.service.grpo.rollout import Rollout, position_ids, sample
+from grpo_sentinel.service.rewards import RewardScorer, Scores
+from grpo_sentinel.telemetry.schema import Samples, StepStats
 
 
 @dataclass

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from telemetry.health.ingest import RunLog
-from telemetry.health.table import BY_ID
-from telemetry.stats import moving_average, windowed_sd
+from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.stats import moving_average, windowed_sd
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from telemetry.health.detectors import Condition, Thresholds, diagnose
-from telemetry.health.ingest import RunLog
-from telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.telemetry.health.detectors import Condition, Thresholds, diagnose
+from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger(__name__)
 

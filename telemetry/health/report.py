@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from telemetry.health.detectors import Diagnosis, Thresholds
-from telemetry.health.ingest import RunLog
-from telemetry.health.table import BY_ID
-from telemetry.stats import moving_average, summarize, windowed_sd
+from grpo_sentinel.telemetry.health.detectors import Diagnosis, Thresholds
+from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
 
 
 def summary(log: RunLog, th: Thresholds) -> dict:

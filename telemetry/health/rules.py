@@ -7,7 +7,7 @@ the per-step gauges scraped in the window, a slope the difference of two consecu
 The rows in TRAINER_SIDE cannot be written in PromQL (the reason is given, and printed in the
 runbook); their alerts page on the verdict the trainer's own monitor exports.
 
-`python -m telemetry.health.rules > deploy/prometheus/grpo-rules.yml` writes the defaults (a test keeps the
+`python -m grpo_sentinel.telemetry.health.rules > deploy/prometheus/grpo-rules.yml` writes the defaults (a test keeps the
 committed file equal); `grpo-sentinel rules --set window=10m --set kl_bound=0.5` writes a variant.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from telemetry.health.detectors import Thresholds
-from telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry.health.detectors import Thresholds
+from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 
 TRAINER_SIDE = {
     "loss_spike": "a spike is one step, and a scrape sees one step in every (scrape interval / step time); the "

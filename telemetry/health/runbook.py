@@ -1,4 +1,4 @@
-"""docs/runbook.md, generated: `python -m telemetry.health.runbook > docs/runbook.md` (a test checks it).
+"""docs/runbook.md, generated: `python -m grpo_sentinel.telemetry.health.runbook > docs/runbook.md` (a test checks it).
 
 One section per alert, from the health table (words), the rules (where the alert comes from) and
 the dashboard (which panels confirm it), so the page, the rule and the dashboard cannot disagree.
@@ -6,9 +6,9 @@ the dashboard (which panels confirm it), so the page, the rule and the dashboard
 
 from __future__ import annotations
 
-from telemetry import dashboard
-from telemetry.health import rules
-from telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry import dashboard
+from grpo_sentinel.telemetry.health import rules
+from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 
 
 def _panels_reading() -> dict[str, list[str]]:
