@@ -114,10 +114,13 @@ class OTelSink:
         meter = self.provider.get_meter("grpo_sentinel")
         make = {"histogram": meter.create_histogram, "gauge": meter.create_gauge, "counter": meter.create_counter}
         self._instruments = {m.name: make[m.kind](m.name, unit=m.unit, description=m.description) for m in CATALOGUE}
+        # Every series carries the run id: consecutive runs of one process (the daemon) never share a
+        # series, so PromQL windows and the dashboard keep them apart.
+        self._run = {"run_id": info.run_id}
         for m in CATALOGUE:
             if m.kind == "counter":
                 for attrs in m.initial:
-                    self._instruments[m.name].add(0, attrs)
+                    self._instruments[m.name].add(0, {**attrs, **self._run})
         self._worker.start()
 
     @property
@@ -147,11 +150,13 @@ class OTelSink:
 
     def _record(self, s: StepStats) -> None:
         rejected = self._instruments["grpo.histogram.rejected"]
+        run = self._run
         for m in CATALOGUE:
             inst = self._instruments[m.name]
             for value, attrs in m.points(s):
+                attrs = {**attrs, **run}
                 if m.kind == "histogram" and not (math.isfinite(value) and value >= 0):
-                    rejected.add(1, {"metric": m.name, "reason": "negative" if value < 0 else "nonfinite"})
+                    rejected.add(1, {"metric": m.name, "reason": "negative" if value < 0 else "nonfinite", **run})
                 elif m.kind == "gauge" and not math.isfinite(value):
                     continue  # a NaN gauge is "not measured" (e.g. KL with beta = 0); nonfinite counts it below
                 elif m.kind == "counter":
@@ -159,12 +164,12 @@ class OTelSink:
                 else:
                     getattr(inst, "record" if m.kind == "histogram" else "set")(value, attrs)
         for signal in nonfinite_signals(s):
-            self._instruments["grpo.nonfinite"].add(1, {"signal": signal})
-        self._instruments["grpo.step.last_timestamp"].set(time.time())
+            self._instruments["grpo.nonfinite"].add(1, {"signal": signal, **run})
+        self._instruments["grpo.step.last_timestamp"].set(time.time(), run)
 
     def _export_failed(self, exporter: str) -> None:
         self.export_failures[exporter] = self.export_failures.get(exporter, 0) + 1
-        self._instruments["grpo.telemetry.export_failures"].add(1, {"exporter": exporter})
+        self._instruments["grpo.telemetry.export_failures"].add(1, {"exporter": exporter, **self._run})
 
     def close(self) -> None:
         if self.provider is not None:

@@ -44,12 +44,15 @@ def scrape_after(steps: list[StepStats]) -> str:
 
 
 def lines_of(text: str, name: str) -> list[str]:
-    """Sample lines of one metric, with the otel_scope labels stripped for readability."""
+    """Sample lines of one metric, with the otel_scope labels and the run id (every series carries
+    run_id="golden": asserted) stripped for readability."""
     out = []
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             labels, _, value = line.rpartition(" ")
-            kept = [kv for kv in labels[labels.find("{") + 1:-1].split(",") if kv and not kv.startswith("otel_scope")]
+            assert 'run_id="golden"' in labels, line
+            kept = [kv for kv in labels[labels.find("{") + 1:-1].split(",")
+                    if kv and not kv.startswith("otel_scope") and kv != 'run_id="golden"']
             out.append(f"{line[:line.find('{')] if '{' in line else labels}{{{','.join(kept)}}} {value}")
     return out
 
