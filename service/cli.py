@@ -144,6 +144,7 @@ def _rules(args) -> int:
 
 def _train(args) -> int:
     from grpo_sentinel.service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
+    from grpo_sentinel.telemetry.traces import trace_sink
 
     try:
         if args.resume is not None:
@@ -160,7 +161,8 @@ def _train(args) -> int:
             run_dir = Path(cfg.run.out_dir) / run_id
             if (run_dir / "config.yaml").exists():
                 raise ConfigError(f"run directory {run_dir} already exists: pick another run.run_id, or --resume it")
-        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps), *telemetry_sinks(cfg)])
+        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps), *telemetry_sinks(cfg)],
+                          traces=trace_sink(cfg.traces))
     except (ConfigError, ValueError, OSError) as e:
         print(f"grpo-sentinel: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

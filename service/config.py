@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from grpo_sentinel.telemetry.settings import HealthSettings, Section, TelemetrySettings, TracesSettings
 
 DEMO = "demo"  # model.path / data.path value that selects the embedded tiny model and task
 
@@ -21,11 +23,7 @@ class ConfigError(ValueError):
     """A config that cannot run; the message lists every problem found."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class LoraSettings(_Section):
+class LoraSettings(Section):
     r: int = Field(8, gt=0, description="LoRA rank.")
     alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
@@ -35,7 +33,7 @@ class LoraSettings(_Section):
     )
 
 
-class ModelSettings(_Section):
+class ModelSettings(Section):
     path: str = Field(DEMO, description="Local Hugging Face causal-LM directory, or 'demo' for the embedded tiny model.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights dtype. Log-probs, KL and entropy are always computed in float32."
@@ -55,7 +53,7 @@ class ModelSettings(_Section):
         return v
 
 
-class DataSettings(_Section):
+class DataSettings(Section):
     path: str = Field(DEMO, description="JSONL of {\"prompt\": ..., \"answer\": ...} rows, or 'demo' (two-digit addition).")
     eval_path: str | None = Field(None, description="JSONL held-out set; default: carve `eval_size` rows out of `path`.")
     eval_size: int = Field(200, gt=0, description="Size of the fixed held-out subset that sample_acc is measured on.")
@@ -79,7 +77,7 @@ class DataSettings(_Section):
         return v
 
 
-class RewardSpec(_Section):
+class RewardSpec(Section):
     name: str = Field(description="Built-in reward ('correct', 'format') or 'package.module:function'.")
     weight: float = Field(1.0, description="Weight in the combined reward (weighted sum).")
 
@@ -98,7 +96,7 @@ class RewardSpec(_Section):
         return v
 
 
-class GRPOSettings(_Section):
+class GRPOSettings(Section):
     group_size: int = Field(8, ge=2, description="G: completions sampled per prompt (advantages need >= 2).")
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (batch = prompts_per_step * group_size).")
     max_new_tokens: int = Field(6, gt=0, description="Completion length cap; a completion without EOS by then is 'truncated'.")
@@ -119,7 +117,7 @@ class GRPOSettings(_Section):
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward chunk (gradients accumulate).")
 
 
-class OptimSettings(_Section):
+class OptimSettings(Section):
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
@@ -128,7 +126,7 @@ class OptimSettings(_Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
 
-class RunSettings(_Section):
+class RunSettings(Section):
     steps: int = Field(300, gt=0, description="Optimizer steps in the run.")
     seed: int = Field(0, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
     out_dir: str = Field("runs", description="Parent folder of run directories.")
@@ -140,39 +138,7 @@ class RunSettings(_Section):
     max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
 
 
-class TelemetrySettings(_Section):
-    prometheus: bool = Field(True, description="Serve OpenTelemetry metrics at http://<host>:<port>/metrics for Prometheus.")
-    prometheus_host: str = Field("127.0.0.1", description="Bind address; 0.0.0.0 to be scraped from other hosts (e.g. in a pod).")
-    prometheus_port: int = Field(9464, ge=0, le=65535, description="Port; 0 picks a free one (logged at start).")
-    linger_s: float = Field(0.0, ge=0, description="Keep /metrics up this long after the run ends, so a last scrape sees the final step.")
-    otlp_export_interval_s: float = Field(
-        10.0, gt=0, description="Push interval when OTEL_EXPORTER_OTLP_ENDPOINT is set (protocol per OTEL_EXPORTER_OTLP_PROTOCOL)."
-    )
-
-
-class HealthSettings(_Section):
-    enabled: bool = Field(True, description="Evaluate the health table while training (log events, metrics, actions).")
-    window: int | None = Field(
-        None, ge=2, description="Detector window in steps; default: enough steps for ~400 completions (5..100)."
-    )
-    stop_on: list[str] = Field(default_factory=lambda: ["reward_saturated"],
-                               description="Conditions that end the run early as a success (checkpoint kept).")
-    halt_on: list[str] = Field(default_factory=lambda: ["adv_mean_drift"],
-                               description="Conditions that halt the run as broken (exit 3).")
-
-    @field_validator("stop_on", "halt_on")
-    @classmethod
-    def _known_conditions(cls, v: list[str]) -> list[str]:
-        from grpo_sentinel.telemetry.health.table import BY_ID
-
-        for cid in v:
-            if cid not in BY_ID:
-                close = difflib.get_close_matches(cid, BY_ID, n=1)
-                raise ValueError(f"unknown condition {cid!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        return v
-
-
-class Config(_Section):
+class Config(Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="correct", weight=1.0)])
@@ -181,6 +147,7 @@ class Config(_Section):
     run: RunSettings = Field(default_factory=RunSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    traces: TracesSettings = Field(default_factory=TracesSettings)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 CURVE_HEAD = ["step", "reward", "kl", "loss", "sample_acc"]  # the user's required format, in this order
-_NOT_AVERAGED = {"step", "skipped", "health", "eval_n", "sample_acc", "greedy_acc"}
+TEXT = ("skipped", "health", "trace_ids", "eval_trace_id")  # the text columns, in this order, last in steps.csv
+_NOT_AVERAGED = {"step", "eval_n", "sample_acc", "greedy_acc", *TEXT}
 
 
 def _fmt(v) -> str:
@@ -63,12 +65,13 @@ class _CsvLog:
 class RunRecord:
     """Consumes StepStats; writes both CSVs. A curve row averages the steps since the previous one."""
 
-    def __init__(self, run_dir: Path, reward_names: list[str]):
+    def __init__(self, run_dir: Path, reward_names: list[str], trace_url: Callable[[str], str] | None = None):
         scalar = [c for c in StepStats.scalar_fields() if c not in ("step", "reward", "kl", "loss", "skipped")]
         rest = scalar + [f"reward_{n}" for n in reward_names]
-        self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["skipped", "health"])
-        self.curve = _CsvLog(run_dir / "reward-vs-step.csv",
-                             CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + ["steps_in_window", "skipped_in_window"])
+        self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + list(TEXT))
+        self.curve = _CsvLog(run_dir / "reward-vs-step.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest +
+                             ["steps_in_window", "skipped_in_window", "eval_trace_id", "eval_trace_url"])
+        self.trace_url = trace_url  # trace id -> its Langfuse page (when traces are on and the project is known)
         self._window: list[dict] = []
 
     def start(self, info: RunInfo) -> None:
@@ -81,9 +84,16 @@ class RunRecord:
         # Steps after the last curve row belong to the next row's window.
         self._window = [_parse(r) for r in rows if int(r["step"]) > last_point]
 
-    def write_baseline(self, ev) -> None:
+    def write_baseline(self, base: StepStats) -> None:
+        """Row 0: the held-out accuracy before training (nothing else is measured yet)."""
+        ev = base.eval
         self.curve.append({"step": 0, "sample_acc": ev.sample_acc, "greedy_acc": ev.greedy_acc, "eval_n": ev.n,
-                           "steps_in_window": 0, "skipped_in_window": 0})
+                           "steps_in_window": 0, "skipped_in_window": 0, **self._trace(base.row())})
+
+    def _trace(self, row: dict) -> dict:
+        """The round's first held-out trace, by id and (when known) link."""
+        tid = row["eval_trace_id"]
+        return {"eval_trace_id": tid, "eval_trace_url": self.trace_url(tid) if tid and self.trace_url else ""}
 
     def on_step(self, stats: StepStats) -> None:
         row = stats.row()
@@ -104,7 +114,7 @@ class RunRecord:
             out[k] = sum(values) / len(values) if values else math.nan
         out["steps_in_window"] = len(self._window)
         out["skipped_in_window"] = sum(bool(r["skipped"]) for r in self._window)
-        return out
+        return {**out, **self._trace(last)}
 
     def close(self) -> None:
         self.steps.close()
@@ -119,6 +129,5 @@ def _parse(row: dict[str, str]) -> dict:
             out[k] = float(v) if v != "" else math.nan
         except ValueError:
             out[k] = v
-    out["skipped"] = row.get("skipped", "")
-    out["health"] = row.get("health", "")
+    out.update({k: row.get(k, "") for k in TEXT})
     return out

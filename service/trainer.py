@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,11 +24,13 @@ from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
 from grpo_sentinel.service.record import RunRecord
 from grpo_sentinel.service.rewards import RewardScorer
+from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
 from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
 from grpo_sentinel.telemetry.interface import StepSink
-from grpo_sentinel.telemetry.schema import Eval, RunInfo, Scales, StepStats
+from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Scales, StepStats
+from grpo_sentinel.telemetry.traces import TraceSink
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,14 @@ def build_policy(cfg: Config) -> Policy:
     return Policy(model, tokenizer, optimizer, scheduler, o.max_grad_norm)
 
 
-def run_info(cfg: Config, run_dir: Path, policy: Policy) -> RunInfo:
+def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1) -> RunInfo:
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     max_reward = max(1.0, sum(max(r.weight, 0.0) for r in cfg.rewards))
-    return RunInfo(run_id=run_dir.name, model=cfg.model.path, loss_type=cfg.grpo.loss_type,
-                   scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=cfg.grpo.max_new_tokens))
+    g = cfg.grpo
+    return RunInfo(run_id=run_dir.name, model=cfg.model.path, loss_type=g.loss_type,
+                   scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens),
+                   attempt=attempt, sampling={"temperature": g.temperature, "top_p": g.top_p,
+                                              "max_new_tokens": g.max_new_tokens})
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -108,26 +114,35 @@ def evaluate(policy: Policy, heldout: list[Example], cfg: Config, batch: int = 2
     """Accuracy on the fixed held-out subset: sampled at the training temperature with a fixed seed, and greedy."""
     verifier = Verifier(cfg.data.verifier)
     g = cfg.grpo
-    hits = {"sample": 0, "greedy": 0}
+    out = {mode: {"texts": [], "tokens": []} for mode in ("sampled", "greedy")}
+    prompt_tokens = []
     torch.manual_seed(cfg.run.eval_seed)
     for i in range(0, len(heldout), batch):
         part = heldout[i : i + batch]
-        for mode in hits:
+        for mode, o in out.items():
             roll = sample(policy.model, policy.tokenizer, [e.prompt for e in part], max_new_tokens=g.max_new_tokens,
                           temperature=g.temperature, top_p=g.top_p, greedy=mode == "greedy")
-            hits[mode] += sum(verifier.is_correct(t, e.answer) for t, e in zip(roll.texts, part))
-    n = len(heldout)
-    return Eval(sample_acc=hits["sample"] / n, greedy_acc=hits["greedy"] / n, n=n)
+            o["texts"] += roll.texts
+            o["tokens"].append(roll.lengths.cpu())
+        prompt_len = roll.input_ids.shape[1] - roll.completion_ids.shape[1]
+        prompt_tokens.append(roll.attention_mask[:, :prompt_len].sum(1).cpu())
+    gens = {mode: Generations(tuple(o["texts"]), np.array([verifier.is_correct(t, e.answer) for t, e in zip(o["texts"], heldout)]),
+                              torch.cat(o["tokens"]).numpy())
+            for mode, o in out.items()}
+    return Eval(sample_acc=float(gens["sampled"].correct.mean()), greedy_acc=float(gens["greedy"].correct.mean()),
+                n=len(heldout), prompts=tuple(e.prompt for e in heldout), answers=tuple(e.answer for e in heldout),
+                prompt_tokens=torch.cat(prompt_tokens).numpy(), generations=gens)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, sinks: Sequence[StepSink] = ()):
+    def __init__(self, cfg: Config, run_dir: Path, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None):
         self.cfg, self.run_dir = cfg, run_dir
+        self.traces = traces  # also a sink; it plans each step's traces before any sink sees the step
         self.data: Datasets = load_datasets(cfg.data, cfg.run.seed)  # before the model: bad data fails fast
         self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo)
         self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
-        self.record = RunRecord(run_dir, [r.name for r in cfg.rewards])
-        self.sinks = [self.record, *sinks]
+        self.record = RunRecord(run_dir, [r.name for r in cfg.rewards], traces.links.trace if traces else None)
+        self.sinks = [self.record, *sinks, *([traces] if traces else [])]
         h = cfg.health
         window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
         self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window),
@@ -149,7 +164,11 @@ class Trainer:
             return RunResult("completed", self.run_dir, summary["step"], EXIT_COMPLETED)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         self.policy = build_policy(cfg)
-        info = run_info(cfg, self.run_dir, self.policy)
+        # Each start is the next attempt, recorded before anything is traced: trace ids carry it, so a
+        # resumed run never re-emits the ids of the steps it re-does.
+        self.attempt = summary.get("attempt", 0) + 1
+        self._write_summary("running", 0.0)
+        info = run_info(cfg, self.run_dir, self.policy, self.attempt)
         for sink in [*self.sinks, self.monitor] if self.monitor else self.sinks:
             sink.start(info)
         resumed = self._restore()
@@ -158,8 +177,12 @@ class Trainer:
             self.monitor.seed(ingest.load(self.run_dir / "steps.csv"))
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
-            self.state.baseline = self.state.last_eval = asdict(ev)
-            self.record.write_baseline(ev)
+            self.state.baseline = self.state.last_eval = ev.accuracy()
+            base = StepStats.partial(0, eval=ev)
+            if self.traces:
+                base = replace(base, traces=self.traces.plan(base))
+                self.traces.on_step(base)
+            self.record.write_baseline(base)
             if self.monitor:
                 self.monitor.baseline(ev.sample_acc)
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
@@ -192,6 +215,8 @@ class Trainer:
                 self._healthy = not verdict.critical
                 for c in verdict.new:
                     st.conditions.setdefault(c.id, c.first_step)
+            if self.traces:
+                stats = replace(stats, traces=self.traces.plan(stats))
             for sink in self.sinks:
                 sink.on_step(stats)
             if st.consecutive_faults >= cfg.run.max_consecutive_faults:
@@ -223,7 +248,7 @@ class Trainer:
             st.consecutive_faults = 0
         if step % cfg.run.sample_every == 0 or step == cfg.run.steps:
             ev = evaluate(self.policy, self.data.heldout, cfg)
-            st.last_eval, st.last_eval_step = asdict(ev), step
+            st.last_eval, st.last_eval_step = ev.accuracy(), step
             stats = replace(stats, eval=ev)
         return stats
 
@@ -240,6 +265,8 @@ class Trainer:
             return
         if self._healthy:  # a rollback target that no critical condition had touched
             checkpoint.mark_last_healthy(saved)
+        if self.traces:  # bounded: after a crash, only the steps the resume re-does lack their traces
+            self.traces.flush()
 
     def _restore(self) -> bool:
         ckpt = checkpoint.latest(self.run_dir / "checkpoints")
@@ -257,11 +284,12 @@ class Trainer:
     def _write_summary(self, status: str, seconds: float) -> None:
         st = self.state
         summary = {
-            "status": status, "step": st.step, "steps": self.cfg.run.steps,
+            "status": status, "step": st.step, "steps": self.cfg.run.steps, "attempt": self.attempt,
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "seconds_this_session": round(seconds, 1),
             "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
             "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,
+            "telemetry_dropped": DROPS.report(),  # what metrics and traces could not deliver (also on /metrics)
             "health_conditions": st.conditions,
         }
         tmp = self.run_dir / "summary.json.tmp"

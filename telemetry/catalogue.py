@@ -36,6 +36,7 @@ class Metric:
     points: Callable[[StepStats], Points]
     buckets: Callable[[Scales], list[float]] | None = None
     initial: tuple[dict[str, str], ...] = ({},)  # counter series created at 0 on start-up
+    observed: bool = False  # a count kept by telemetry itself (telemetry/drops.py), not read from the record
 
     def prometheus_names(self) -> list[str]:
         """Names as the OTel Prometheus exporter writes them ('.' -> '_', unit suffix, type suffix)."""
@@ -172,6 +173,15 @@ CATALOGUE: list[Metric] = [
            "Histogram values not recorded because negative or non-finite (attributes `metric`, `reason`).", lambda s: []),
     Metric("grpo.telemetry.export_failures", "counter", "{export}", "export",
            "Failed metric exports (attribute `exporter`).", lambda s: [], initial=({"exporter": "otlp"},)),
+    Metric("grpo.telemetry.dropped_steps", "counter", "{step}", "step",
+           "Per-step records a telemetry sink dropped because its queue was full (attribute `sink`).",
+           lambda s: [], initial=({"sink": "otel"},), observed=True),
+    Metric("grpo.traces.dropped", "counter", "{item}", "span or score",
+           "Trace data not delivered to Langfuse (attributes `signal`: spans, scores; `reason`: queue_full, "
+           "unreachable, unauthorized, rejected, shutdown).", lambda s: [],
+           initial=tuple({"signal": sig, "reason": r} for sig in ("spans", "scores")
+                         for r in ("queue_full", "unreachable", "unauthorized", "rejected", "shutdown")),
+           observed=True),
 ]
 
 BY_NAME = {m.name: m for m in CATALOGUE}

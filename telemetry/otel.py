@@ -14,12 +14,14 @@ import queue
 import threading
 import time
 
+from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
 from grpo_sentinel.telemetry.catalogue import CATALOGUE, nonfinite_signals
+from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,6 @@ class OTelSink:
         # off the training thread. Bounded: if it ever falls behind, steps are dropped and counted.
         self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=256)
         self._worker = threading.Thread(target=self._drain, name="grpo-otel", daemon=True)
-        self.dropped_steps = 0
         self.provider: MeterProvider | None = None
         self.export_failures: dict[str, int] = {}
         self._server = self._registry = None
@@ -113,15 +114,23 @@ class OTelSink:
         self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)
         meter = self.provider.get_meter("grpo_sentinel")
         make = {"histogram": meter.create_histogram, "gauge": meter.create_gauge, "counter": meter.create_counter}
-        self._instruments = {m.name: make[m.kind](m.name, unit=m.unit, description=m.description) for m in CATALOGUE}
         # Every series carries the run id: consecutive runs of one process (the daemon) never share a
         # series, so PromQL windows and the dashboard keep them apart.
         self._run = {"run_id": info.run_id}
+        self._instruments = {}
         for m in CATALOGUE:
+            if m.observed:  # counted by telemetry itself, read at each collection
+                meter.create_observable_counter(m.name, callbacks=[self._observer(m)], unit=m.unit,
+                                                description=m.description)
+                continue
+            self._instruments[m.name] = make[m.kind](m.name, unit=m.unit, description=m.description)
             if m.kind == "counter":
                 for attrs in m.initial:
                     self._instruments[m.name].add(0, {**attrs, **self._run})
         self._worker.start()
+
+    def _observer(self, m):
+        return lambda options: [Observation(v, {**attrs, **self._run}) for v, attrs in DROPS.observe(m.name, m.initial)]
 
     @property
     def prometheus_port(self) -> int | None:
@@ -133,7 +142,7 @@ class OTelSink:
         try:
             self._queue.put_nowait(s)
         except queue.Full:
-            self.dropped_steps += 1
+            DROPS.add("grpo.telemetry.dropped_steps", sink="otel")
 
     def flush(self) -> None:
         """Block until every enqueued step is recorded."""
@@ -152,6 +161,8 @@ class OTelSink:
         rejected = self._instruments["grpo.histogram.rejected"]
         run = self._run
         for m in CATALOGUE:
+            if m.observed:
+                continue
             inst = self._instruments[m.name]
             for value, attrs in m.points(s):
                 attrs = {**attrs, **run}

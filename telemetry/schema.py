@@ -27,6 +27,8 @@ class RunInfo:
     model: str
     loss_type: str
     scales: Scales
+    attempt: int = 1  # how many times this run has been started (a resume is the next attempt)
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,21 @@ class Samples:
     kl: np.ndarray  # [B] token-mean k3 KL of each completion (0 when beta = 0)
     entropy: np.ndarray  # [B] token-mean entropy of each completion
     group_reward_std: np.ndarray  # [P] unbiased std of each group's valid rewards
+    # The texts behind the numbers (traces show them): prompts and answers per group, completions
+    # per sample. Empty where the producer has no text (e.g. a log that kept only numbers).
+    prompts: tuple[str, ...] = ()  # [P] as fed to the model (template applied)
+    answers: tuple[str, ...] = ()  # [P] reference answers
+    completions: tuple[str, ...] = ()  # [B] decoded completions
+    prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [P]
+
+
+@dataclass(frozen=True)
+class Generations:
+    """One completion per prompt with its verdict: a held-out round in one sampling mode."""
+
+    completions: tuple[str, ...]  # [n]
+    correct: np.ndarray  # [n] bool
+    tokens: np.ndarray  # [n] completion tokens, EOS included
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,24 @@ class Eval:
     sample_acc: float  # completions sampled at the training temperature, fixed seed
     greedy_acc: float
     n: int  # subset size: the standard error of sample_acc is sqrt(p(1-p)/n)
+    prompts: tuple[str, ...] = ()  # [n] the held-out prompts (for traces), with their answers
+    answers: tuple[str, ...] = ()
+    prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [n]
+    generations: dict[str, Generations] = field(default_factory=dict)  # "sampled" / "greedy" -> [n]
+
+    def accuracy(self) -> dict[str, float | int]:
+        """The figures a summary keeps (the texts are in the traces)."""
+        return {"sample_acc": self.sample_acc, "greedy_acc": self.greedy_acc, "n": self.n}
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    """A trace of this step's generations: which ones, why, and its (deterministic) Langfuse id."""
+
+    kind: str  # train (index = group) | eval (index = held-out prompt)
+    index: int
+    trace_id: str  # 32 hex digits
+    reason: str  # sampled | a health condition it explains ("signal_vanished: all-same group", ...)
 
 
 @dataclass(frozen=True)
@@ -85,12 +120,20 @@ class StepStats:
     health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)
     health_new: tuple[str, ...] = ()  # ... of which these began an episode at this step
     entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
+    traces: tuple[TraceRef, ...] = ()  # the generations of this step sent to Langfuse (telemetry/traces.py)
     samples: Samples | None = field(default=None, repr=False)
+
+    @classmethod
+    def partial(cls, step: int, **known) -> StepStats:
+        """A record of what is known at `step`, every other measurement NaN (not measured): the step-0
+        baseline, or a trainer that logs only some of the signals."""
+        measured = {f.name: math.nan for f in fields(cls) if f.type == "float" and f.name not in known}
+        return cls(step=step, invalid_rewards=0, **measured, **known)
 
     @classmethod
     def scalar_fields(cls) -> list[str]:
         """The per-step scalars of the run record (the monitor's outputs and the nested parts are not)."""
-        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline")
+        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces")
         return [f.name for f in fields(cls) if f.name not in nested]
 
     def row(self) -> dict[str, float | int | str]:
@@ -99,5 +142,9 @@ class StepStats:
         out.update({f"reward_{k}": v for k, v in self.reward_components.items()})
         ev = self.eval
         out.update(sample_acc=ev.sample_acc if ev else math.nan, greedy_acc=ev.greedy_acc if ev else math.nan,
-                   eval_n=ev.n if ev else "", health=" ".join(self.health))
+                   eval_n=ev.n if ev else "", health=" ".join(self.health),
+                   # The explaining groups first (telemetry/traces.py orders them), so the first id
+                   # of a condition's first step opens the generations behind it.
+                   trace_ids=" ".join(t.trace_id for t in self.traces if t.kind == "train"),
+                   eval_trace_id=next((t.trace_id for t in self.traces if t.kind == "eval"), ""))
         return out

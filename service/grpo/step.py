@@ -101,8 +101,12 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
     host_loss = torch.stack(losses).mean().item() if losses else math.nan
     host_grad = grad_norm.item() if losses else math.nan
     clip_frac = ((clipped_tok * mask).sum() / mask.sum().clamp(min=1)).item()
+    # The texts behind the numbers, for traces: prompts and answers per group, completions per sample.
+    prompt_len = roll.input_ids.shape[1] - roll.completion_ids.shape[1]
+    texts = dict(prompts=tuple(e.prompt for e in examples), answers=tuple(e.answer for e in examples),
+                 completions=tuple(roll.texts), prompt_tokens=roll.attention_mask[::G, :prompt_len].sum(1).cpu().numpy())
     return _stats(step, scores, per_seq, G, cfg, policy.model, host_loss, host_grad, clip_frac, lr,
-                  time.perf_counter() - t0, skipped)
+                  time.perf_counter() - t0, skipped, texts)
 
 
 @torch.no_grad()
@@ -127,7 +131,7 @@ def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
 
 
 def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
-           grad_norm: float, clip_frac: float, lr: float, seconds: float, skipped: str) -> StepStats:
+           grad_norm: float, clip_frac: float, lr: float, seconds: float, skipped: str, texts: dict) -> StepStats:
     adv, length, truncated, kl_sum, ent_sum = per_seq
     valid, correct, reward = scores.valid, scores.correct, scores.reward
     # Groups: zero std = no learning signal (fewer than 2 valid samples carries none either).
@@ -166,5 +170,5 @@ def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSett
                            for k, v in scores.components.items()},
         samples=Samples(reward=reward, components=scores.components, advantage=adv, correct=correct, length=length,
                         truncated=truncated.astype(bool), kl=kl_sum / np.maximum(length, 1),
-                        entropy=ent_sum / np.maximum(length, 1), group_reward_std=group_std),
+                        entropy=ent_sum / np.maximum(length, 1), group_reward_std=group_std, **texts),
     )

@@ -1,0 +1,82 @@
+"""The telemetry half of the run config: metrics, health, traces. Typed and validated once, before
+anything heavy loads. `service/config.py` composes these into the run's one config; they live here
+because telemetry is also attached to trainers that are not ours (the TRL callback), and telemetry
+never imports the service.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TelemetrySettings(Section):
+    prometheus: bool = Field(True, description="Serve OpenTelemetry metrics at http://<host>:<port>/metrics for Prometheus.")
+    prometheus_host: str = Field("127.0.0.1", description="Bind address; 0.0.0.0 to be scraped from other hosts (e.g. in a pod).")
+    prometheus_port: int = Field(9464, ge=0, le=65535, description="Port; 0 picks a free one (logged at start).")
+    linger_s: float = Field(0.0, ge=0, description="Keep /metrics up this long after the run ends, so a last scrape sees the final step.")
+    otlp_export_interval_s: float = Field(
+        10.0, gt=0, description="Push interval when OTEL_EXPORTER_OTLP_ENDPOINT is set (protocol per OTEL_EXPORTER_OTLP_PROTOCOL)."
+    )
+
+
+class HealthSettings(Section):
+    enabled: bool = Field(True, description="Evaluate the health table while training (log events, metrics, actions).")
+    window: int | None = Field(
+        None, ge=2, description="Detector window in steps; default: enough steps for ~400 completions (5..100)."
+    )
+    stop_on: list[str] = Field(default_factory=lambda: ["reward_saturated"],
+                               description="Conditions that end the run early as a success (checkpoint kept).")
+    halt_on: list[str] = Field(default_factory=lambda: ["adv_mean_drift"],
+                               description="Conditions that halt the run as broken (exit 3).")
+
+    @field_validator("stop_on", "halt_on")
+    @classmethod
+    def _known_conditions(cls, v: list[str]) -> list[str]:
+        from grpo_sentinel.telemetry.health.table import BY_ID
+
+        for cid in v:
+            if cid not in BY_ID:
+                close = difflib.get_close_matches(cid, BY_ID, n=1)
+                raise ValueError(f"unknown condition {cid!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return v
+
+
+class TracesSettings(Section):
+    """Langfuse traces of the generations. Keys and host come only from the environment
+    (LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY, LANGFUSE_BASE_URL or LANGFUSE_HOST): never from a file."""
+
+    enabled: bool = Field(True, description="Send traces when the Langfuse keys are set in the environment; false: never.")
+    train_every: int = Field(5, gt=0, description="Trace training rollouts every N steps (and at every step a health "
+                                                  "condition begins).")
+    train_fraction: float = Field(0.125, gt=0, le=1, description="Fraction of a traced step's groups that are traced "
+                                                                 "(at least one); the groups explaining an active "
+                                                                 "condition are always added.")
+    sample_rate: float = Field(1.0, gt=0, le=1, description="Fraction of the other traces kept (held-out rounds and "
+                                                            "sampled groups), chosen by trace id; explaining groups are "
+                                                            "always kept.")
+    max_chars: int = Field(2000, gt=0, description="Longest prompt or completion text sent; longer ones are cut, with "
+                                                   "the number of characters cut said.")
+    mask: list[str] = Field(default_factory=list, description="Regular expressions replaced by [REDACTED] in every "
+                                                              "text before it leaves the process (the SDK's mask).")
+    project_id: str | None = Field(None, description="Langfuse project id, for links to traces (default: "
+                                                     "LANGFUSE_PROJECT_ID). Without it the record keeps trace ids only.")
+    dashboard_url: str | None = Field(None, description="Grafana base URL; each trace links the run's dashboard "
+                                                        "(default: GRPO_SENTINEL_GRAFANA_URL).")
+    flush_timeout_s: float = Field(5.0, gt=0, description="Longest wait for pending traces at a checkpoint and at the end.")
+
+    @field_validator("mask")
+    @classmethod
+    def _regexes(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"mask {pattern!r} is not a regular expression ({e})") from None
+        return v

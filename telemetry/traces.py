@@ -1,0 +1,516 @@
+"""Langfuse traces of the generations behind the metrics: one more StepSink on the per-step record.
+
+What is traced is decided by `plan()`, a pure function of the record, before any sink runs, so the
+run record can name the traces of a step (steps.csv `trace_ids`) and the health verdicts can link
+the generations that explain them:
+- every held-out round (step 0 and every `sample_every` steps): one trace per (round, prompt), with
+  a generation per mode (sampled at the training temperature, greedy);
+- training rollouts every `train_every` steps: a fraction of the groups (at least one), one trace
+  per group with a generation per completion;
+- always, at a step where a health condition is active: the groups that explain it (the highest-
+  and lowest-reward groups; an all-same group while the signal is gone; the group with the longest
+  completion for length_pathology), listed first.
+
+Trace ids are deterministic, seeded by (run id, attempt, kind, step, index): a resumed run is the
+next attempt, so it never re-emits or overwrites an id, and a link can be written before the trace
+is sent. `session_id` is the run id: Langfuse's session page is the run.
+
+Never in the way of training: `on_step()` only enqueues; a worker thread makes the SDK calls and
+posts the scores; exports time out, and while Langfuse is unreachable or rejects the keys they are
+skipped for a backoff instead of queueing up; nothing flushes on the step path, and every flush is
+bounded. What cannot be delivered is counted in `grpo_traces_dropped_total{signal, reason}` and
+reported once per change of state (wrong keys: one clear error, then only the counter).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import hashlib
+import logging
+import math
+import os
+import queue
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo_sentinel.telemetry.drops import DROPS
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats, TraceRef
+from grpo_sentinel.telemetry.settings import TracesSettings
+
+log = logging.getLogger(__name__)
+
+DROPPED = "grpo.traces.dropped"
+EXPLAIN_SAME = {"signal_vanished", "kl_dominant", "reward_saturated", "plateau_small_group"}  # an all-same group shows it
+BACKLOG = 1024  # spans created but not yet exported beyond which new traces are dropped (the SDK queue holds 2048)
+_INGESTION = "/api/public/otel/v1/traces"
+
+
+def trace_id(run_id: str, attempt: int, kind: str, step: int, index: int) -> str:
+    """The Langfuse trace id of one traced group or held-out prompt: 32 hex digits, the SDK's
+    seeded form (sha256 of the seed), so the same seed always names the same trace."""
+    return hashlib.sha256(f"{run_id}/{attempt}/{kind}/{step}/{index}".encode()).hexdigest()[:32]
+
+
+def _keep(tid: str, rate: float) -> bool:
+    """Sampling by trace id: the same trace is kept or not whoever asks."""
+    return rate >= 1 or int(tid[:8], 16) / 0xFFFFFFFF < rate
+
+
+def plan(s: StepStats, cfg: TracesSettings, run_id: str, attempt: int) -> tuple[TraceRef, ...]:
+    """Which generations of step `s` are traced, explaining groups first."""
+    refs: list[TraceRef] = []
+    x = s.samples
+    if x is not None and x.prompts:
+        reward = np.where(np.isnan(x.reward), -np.inf, x.reward).reshape(len(x.prompts), -1)  # [P, G]
+        why: dict[int, str] = {}
+        if s.health:
+            means = reward.mean(1)
+            why.setdefault(int(means.argmax()), "highest reward")
+            why.setdefault(int(means.argmin()), "lowest reward")
+            same = np.flatnonzero(x.group_reward_std == 0)
+            if EXPLAIN_SAME & set(s.health) and same.size and not set(why) & set(same.tolist()):
+                why[int(same[0])] = "all-same rewards"
+            if "length_pathology" in s.health:
+                why.setdefault(int(x.length.argmax()) // reward.shape[1], "longest completion")
+            why = {g: f"{r} ({' '.join(s.health)})" for g, r in why.items()}
+        if s.step % cfg.train_every == 0:
+            n = max(1, round(cfg.train_fraction * len(x.prompts)))
+            order = np.random.default_rng(int(trace_id(run_id, attempt, "train", s.step, -1)[:8], 16)).permutation(len(x.prompts))
+            for g in order[:n]:
+                tid = trace_id(run_id, attempt, "train", s.step, int(g))
+                if int(g) not in why and _keep(tid, cfg.sample_rate):
+                    why[int(g)] = "sampled"
+        explaining = sorted((g for g, r in why.items() if r != "sampled"))
+        for g in explaining + sorted(g for g, r in why.items() if r == "sampled"):
+            refs.append(TraceRef("train", g, trace_id(run_id, attempt, "train", s.step, g), why[g]))
+    ev = s.eval
+    if ev is not None and ev.prompts:
+        for i in range(len(ev.prompts)):
+            tid = trace_id(run_id, attempt, "eval", s.step, i)
+            if _keep(tid, cfg.sample_rate):
+                refs.append(TraceRef("eval", i, tid, "held-out round"))
+    return tuple(refs)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Langfuse pages, built locally (never by a network call): a trace, and the run's session."""
+
+    base_url: str
+    project_id: str | None
+
+    def trace(self, tid: str) -> str:
+        return f"{self.base_url}/project/{self.project_id}/traces/{tid}" if self.project_id else ""
+
+    def session(self, run_id: str) -> str:
+        return (f"{self.base_url}/project/{self.project_id}/sessions/{urllib.parse.quote(run_id, safe='')}"
+                if self.project_id else "")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    public_key: str
+    secret_key: str
+    base_url: str
+
+
+def credentials_from_env() -> Credentials | None:
+    public, secret = os.environ.get("LANGFUSE_PUBLIC_KEY"), os.environ.get("LANGFUSE_SECRET_KEY")
+    if not (public and secret):
+        return None
+    base = os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or "https://cloud.langfuse.com"
+    return Credentials(public, secret, base.rstrip("/"))
+
+
+def links_from(cfg: TracesSettings, creds: Credentials | None) -> Links | None:
+    if creds is None:
+        return None
+    return Links(creds.base_url, cfg.project_id or os.environ.get("LANGFUSE_PROJECT_ID"))
+
+
+def trace_sink(cfg: TracesSettings) -> TraceSink | None:
+    """The sink when traces are enabled and the keys are in the environment; else None, said once."""
+    if not cfg.enabled:
+        return None
+    creds = credentials_from_env()
+    if creds is None:
+        log.info("Langfuse traces off: LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY are not set")
+        return None
+    return TraceSink(cfg, creds)
+
+
+# ---------------------------------------------------------------------------------------------
+# The connection to Langfuse: shared by span and score exports
+
+
+class _Link:
+    """After a failed export, exports are skipped (and their items counted) for a backoff that
+    doubles up to a minute: an unreachable server costs one timeout per backoff, not one per batch,
+    and nothing piles up in memory. Each change of state is logged once."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self._lock = threading.Lock()
+        self.state = "ok"  # ok | unreachable | unauthorized | rejected
+        self._retry_at = 0.0
+        self._backoff = 0.0
+
+    def open(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    def succeeded(self) -> None:
+        with self._lock:
+            if self.state != "ok":
+                log.info("Langfuse at %s reachable again; traces flow", self.base_url)
+            self.state, self._backoff, self._retry_at = "ok", 0.0, 0.0
+
+    def failed(self, reason: str, detail: str) -> None:
+        with self._lock:
+            self._backoff = min(60.0, max(2.0, 2 * self._backoff))
+            self._retry_at = time.monotonic() + self._backoff
+            if reason == self.state:
+                return
+            self.state = reason
+        if reason == "unauthorized":
+            log.error("Langfuse at %s rejected the keys (%s): check LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY. "
+                      "Training continues; traces are dropped and counted in grpo_traces_dropped_total", self.base_url, detail)
+        else:
+            log.warning("Langfuse at %s: trace export failing (%s, %s). Training continues; dropped traces are counted "
+                        "in grpo_traces_dropped_total", self.base_url, reason, detail)
+
+
+def _reason(status: int | None) -> str:
+    if status in (401, 403):
+        return "unauthorized"
+    if status is not None and 400 <= status < 500 and status != 429:
+        return "rejected"
+    return "unreachable"  # no answer, a timeout, 429 or a server error
+
+
+class _CountingSpanExporter:
+    """A span exporter with delivery counted and the backoff of `_Link`: by default the OTLP/HTTP
+    exporter to Langfuse's ingestion endpoint. (A SpanExporter by duck typing: the SDK's processor
+    calls export, force_flush and shutdown.)"""
+
+    def __init__(self, creds: Credentials, link: _Link, timeout_s: float, inner=None):
+        self.link = link
+        self._status: int | None = None  # HTTP status of the last export request, if one was answered
+        self.inner = inner or self._otlp(creds, timeout_s)
+        self.delivered = self.failed = 0  # spans
+
+    def _otlp(self, creds: Credentials, timeout_s: float):
+        import requests
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        session = requests.Session()  # its response hook tells a rejected key from an unreachable server
+        session.hooks["response"].append(self._saw)
+        auth = base64.b64encode(f"{creds.public_key}:{creds.secret_key}".encode()).decode()
+        # Langfuse's documented ingestion contract: OTLP/HTTP protobuf, gzip, Basic auth.
+        return OTLPSpanExporter(endpoint=creds.base_url + _INGESTION, headers={"Authorization": f"Basic {auth}",
+                                "x-langfuse-ingestion-version": "4"}, timeout=timeout_s,
+                                compression=Compression.Gzip, session=session)
+
+    def _saw(self, response, *args, **kwargs):
+        self._status = response.status_code
+
+    def export(self, spans: Sequence):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        n = len(spans)
+        if not self.link.open():
+            self.failed += n
+            DROPS.add(DROPPED, n, signal="spans", reason=self.link.state)
+            return SpanExportResult.FAILURE
+        self._status = None
+        try:
+            result = self.inner.export(spans)
+        except Exception as e:  # noqa: BLE001 - an exporter bug must not kill the SDK's export thread
+            result, detail = SpanExportResult.FAILURE, repr(e)
+        else:
+            detail = f"HTTP {self._status}" if self._status else "no answer"
+        if result is SpanExportResult.SUCCESS:
+            self.delivered += n
+            self.link.succeeded()
+        else:
+            reason = _reason(self._status)
+            self.failed += n
+            DROPS.add(DROPPED, n, signal="spans", reason=reason)
+            self.link.failed(reason, detail)
+        return result
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+@dataclass
+class _Client:
+    """One Langfuse client per process (the SDK keeps one per public key anyway, and a shut-down one
+    cannot be revived), on its own TracerProvider: never the global one."""
+
+    langfuse: object
+    provider: object
+    exporter: _CountingSpanExporter
+    link: _Link
+    created: int = 0  # spans ended, whatever became of them
+    lost: int = 0  # ... counted as lost at a bounded flush that left them undelivered
+
+
+_CLIENTS: dict[tuple[str, str], _Client] = {}
+
+
+def _client(creds: Credentials, cfg: TracesSettings, span_exporter=None) -> _Client:
+    key = (creds.public_key, creds.base_url)
+    if key not in _CLIENTS:
+        from langfuse import Langfuse
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        # The SDK logs its start-up (with the public key) at INFO and every failed batch at ERROR;
+        # our exporter reports state changes instead, once each.
+        for name in ("langfuse", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
+            logging.getLogger(name).setLevel(logging.CRITICAL if name != "langfuse" else logging.WARNING)
+        link = _Link(creds.base_url)
+        exporter = _CountingSpanExporter(creds, link, cfg.flush_timeout_s, span_exporter)
+        provider = TracerProvider(resource=Resource.create({"service.name": "grpo-sentinel"}))
+        patterns = [re.compile(p) for p in cfg.mask]
+        lf = Langfuse(public_key=creds.public_key, secret_key=creds.secret_key, base_url=creds.base_url,
+                      tracer_provider=provider, span_exporter=exporter, timeout=max(1, math.ceil(cfg.flush_timeout_s)),
+                      mask=(lambda data: _redact(data, patterns)) if patterns else None)
+        atexit.unregister(lf._resources.shutdown)  # its exit-time flush has no timeout; close() bounds ours
+        _CLIENTS[key] = _Client(lf, provider, exporter, link)
+    return _CLIENTS[key]
+
+
+def _redact(data, patterns: list[re.Pattern]):
+    """The SDK's mask hook: every string in input, output and metadata, before it leaves the process."""
+    if isinstance(data, str):
+        for p in patterns:
+            data = p.sub("[REDACTED]", data)
+        return data
+    if isinstance(data, dict):
+        return {k: _redact(v, patterns) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_redact(v, patterns) for v in data]
+    return data
+
+
+def clip(text: str, max_chars: int) -> str:
+    return text if len(text) <= max_chars else f"{text[:max_chars]}[... {len(text) - max_chars} more characters]"
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The sink
+
+
+class TraceSink:
+    """A StepSink. `plan()` names a step's traces (the trainer puts them on the record before any
+    sink runs); `on_step()` hands the step to a worker thread that sends exactly those."""
+
+    def __init__(self, cfg: TracesSettings, creds: Credentials, span_exporter=None):
+        """`span_exporter` replaces the OTLP exporter to Langfuse (tests: an in-memory one)."""
+        self.cfg, self.creds = cfg, creds
+        self.links = links_from(cfg, creds)
+        self._client = _client(creds, cfg, span_exporter)
+        self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=64)
+        self._worker = threading.Thread(target=self._drain, name="grpo-traces", daemon=True)
+        self.info: RunInfo | None = None
+        self.sent = 0  # traces handed to the SDK by this sink
+
+    # -- StepSink ------------------------------------------------------------------------------
+
+    def start(self, info: RunInfo) -> None:
+        self.info = info
+        grafana = (self.cfg.dashboard_url or os.environ.get("GRPO_SENTINEL_GRAFANA_URL") or "").rstrip("/")
+        self._dashboard = f"{grafana}/d/grpo-health?var-run={urllib.parse.quote(info.run_id)}" if grafana else ""
+        session = self.links.session(info.run_id)
+        log.info("Langfuse traces to %s, session %s%s", self.creds.base_url, info.run_id, f" ({session})" if session else "")
+        self._worker.start()
+
+    def plan(self, s: StepStats) -> tuple[TraceRef, ...]:
+        return plan(s, self.cfg, self.info.run_id, self.info.attempt)
+
+    def on_step(self, s: StepStats) -> None:
+        if not s.traces:
+            return
+        for c in s.health_new:
+            ref = next((t for t in s.traces if t.kind == "train" and t.reason != "sampled"), None)
+            if ref is not None:
+                log.info("health: generations behind %s at step %d: %s", c, s.step,
+                         self.links.trace(ref.trace_id) or f"trace {ref.trace_id}")
+        try:
+            self._queue.put_nowait(s)
+        except queue.Full:
+            DROPS.add(DROPPED, _spans(s), signal="spans", reason="queue_full")
+
+    def flush(self) -> None:
+        """Wait (bounded) until the steps handed over so far are built and exported."""
+        deadline = time.monotonic() + self.cfg.flush_timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        left = max(0.0, deadline - time.monotonic())
+        self._client.provider.force_flush(timeout_millis=int(left * 1000))
+
+    def close(self) -> None:
+        if self.info is None:
+            return
+        self._queue.put(None)
+        self._worker.join(timeout=self.cfg.flush_timeout_s)
+        self.flush()
+        c = self._client
+        lost = c.created - c.exporter.delivered - c.exporter.failed - c.lost
+        if lost > 0:  # still queued after the bounded wait: the process is about to end
+            c.lost += lost
+            DROPS.add(DROPPED, lost, signal="spans", reason="shutdown")
+        if DROPS.total(DROPPED):
+            log.warning("Langfuse: %d trace spans and scores were not delivered (grpo_traces_dropped_total)",
+                        DROPS.total(DROPPED))
+        self.info = None
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        while (s := self._queue.get()) is not None:
+            try:
+                self._emit(s)
+            except Exception:  # noqa: BLE001 - traces never stop training
+                log.exception("building the traces of step %d failed; training continues", s.step)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _emit(self, s: StepStats) -> None:
+        c = self._client
+        if c.created - c.exporter.delivered - c.exporter.failed - c.lost > BACKLOG:
+            DROPS.add(DROPPED, _spans(s), signal="spans", reason="queue_full")
+            return
+        scores: list[dict] = []
+        for ref in s.traces:
+            scores += self._train(s, ref) if ref.kind == "train" else self._eval(s, ref)
+            self.sent += 1
+        self._post(scores)
+
+    def _context(self, s: StepStats, kind: str, name: str, extra: dict[str, str]):
+        from langfuse import propagate_attributes
+
+        meta = {"run_id": self.info.run_id, "attempt": str(self.info.attempt), "step": str(s.step), "kind": kind, **extra}
+        if self._dashboard:
+            meta["dashboard"] = self._dashboard
+        return propagate_attributes(session_id=self.info.run_id, trace_name=name, tags=[kind, *s.health],
+                                    metadata={k: v[:200] for k, v in meta.items()})
+
+    def _train(self, s: StepStats, ref: TraceRef) -> list[dict]:
+        x, g, lf = s.samples, ref.index, self._client.langfuse
+        G = len(x.completions) // len(x.prompts)
+        prompt = clip(x.prompts[g], self.cfg.max_chars)
+        scores = []
+        with self._context(s, "train", f"train step {s.step} group {g}", {"group": str(g), "reason": ref.reason}):
+            root = lf.start_observation(trace_context={"trace_id": ref.trace_id}, name=f"group {g}", as_type="span",
+                                        input=prompt, metadata={"answer": x.answers[g],
+                                                                "group_reward_std": _num(x.group_reward_std[g])})
+            for k, i in enumerate(range(g * G, (g + 1) * G)):
+                gen = root.start_observation(
+                    name=f"completion {k}", as_type="generation", input=prompt,
+                    output=clip(x.completions[i], self.cfg.max_chars), model=self.info.model,
+                    model_parameters=self.info.sampling,
+                    usage_details={"input": int(x.prompt_tokens[g]), "output": int(x.length[i])},
+                    metadata={"step": s.step, "kind": "train", "answer": x.answers[g], "correct": bool(x.correct[i]),
+                              "reward": _num(x.reward[i]),
+                              "rewards": {n: _num(v[i]) for n, v in x.components.items()},
+                              "advantage": _num(x.advantage[i]), "length": int(x.length[i]),
+                              "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]), "truncated": bool(x.truncated[i])})
+                gen.end()
+                self._client.created += 1
+                if not math.isnan(x.reward[i]):
+                    scores.append(_score(ref.trace_id, gen.id, "reward", float(x.reward[i]), "NUMERIC"))
+                scores.append(_score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
+            root.update(output={"rewards": [_num(r) for r in x.reward[g * G:(g + 1) * G]],
+                                "correct": int(x.correct[g * G:(g + 1) * G].sum())})
+            root.end()
+            self._client.created += 1
+        return scores
+
+    def _eval(self, s: StepStats, ref: TraceRef) -> list[dict]:
+        ev, i, lf = s.eval, ref.index, self._client.langfuse
+        prompt = clip(ev.prompts[i], self.cfg.max_chars)
+        scores = []
+        with self._context(s, "eval", f"eval step {s.step} prompt {i}", {"prompt": str(i)}):
+            root = lf.start_observation(trace_context={"trace_id": ref.trace_id}, name=f"held-out prompt {i}",
+                                        as_type="span", input=prompt, metadata={"answer": ev.answers[i]})
+            for mode, gens in ev.generations.items():
+                params = self.info.sampling if mode == "sampled" else {"greedy": True, "max_new_tokens":
+                                                                       self.info.sampling.get("max_new_tokens")}
+                gen = root.start_observation(
+                    name=mode, as_type="generation", input=prompt, output=clip(gens.completions[i], self.cfg.max_chars),
+                    model=self.info.model, model_parameters=params,
+                    usage_details={"input": int(ev.prompt_tokens[i]), "output": int(gens.tokens[i])},
+                    metadata={"step": s.step, "kind": "eval", "mode": mode, "answer": ev.answers[i],
+                              "correct": bool(gens.correct[i]), "length": int(gens.tokens[i])})
+                gen.end()
+                self._client.created += 1
+                scores.append(_score(ref.trace_id, gen.id, "correct", float(gens.correct[i]), "BOOLEAN"))
+            root.end()
+            self._client.created += 1
+        return scores
+
+    def _post(self, scores: list[dict]) -> None:
+        """Scores through the SDK's score API (POST /api/public/scores), from this worker thread: we
+        know exactly what was delivered, and a dead server costs one timeout per backoff."""
+        from langfuse.api.core import ApiError
+        from langfuse.api.scores.types.create_score_batch_results import CreateScoreBatchResults
+
+        link = self._client.link
+        for i in range(0, len(scores), 500):  # well under the endpoint's 1 MiB body limit
+            batch = scores[i:i + 500]
+            if not link.open():
+                DROPS.add(DROPPED, len(batch), signal="scores", reason=link.state)
+                continue
+            try:
+                response = self._client.langfuse.api.scores.create(request=batch, request_options={"max_retries": 0})
+            except ApiError as e:
+                reason = _reason(e.status_code)
+                DROPS.add(DROPPED, len(batch), signal="scores", reason=reason)
+                link.failed(reason, f"HTTP {e.status_code}")
+                continue
+            except Exception as e:  # noqa: BLE001 - transport errors: no answer
+                DROPS.add(DROPPED, len(batch), signal="scores", reason="unreachable")
+                link.failed("unreachable", type(e).__name__)
+                continue
+            link.succeeded()
+            if isinstance(response, CreateScoreBatchResults) and response.rejected:
+                DROPS.add(DROPPED, response.rejected, signal="scores", reason="rejected")
+                log.warning("Langfuse rejected %d of %d scores: %s", response.rejected, len(batch),
+                            "; ".join(e.message for e in response.errors[:3]))
+
+
+def _score(tid: str, observation_id: str, name: str, value: float, data_type: str) -> dict:
+    # A deterministic id: a batch sent twice (a retry after a lost answer) upserts, never duplicates.
+    sid = hashlib.sha256(f"{tid}/{observation_id}/{name}".encode()).hexdigest()[:32]
+    return {"id": sid, "traceId": tid, "observationId": observation_id, "name": name, "value": value,
+            "dataType": data_type}
+
+
+def _spans(s: StepStats) -> int:
+    """Spans a step's traces make: a root per trace and a generation per completion (or mode)."""
+    n = 0
+    for t in s.traces:
+        if t.kind == "train":
+            n += 1 + len(s.samples.completions) // len(s.samples.prompts)
+        else:
+            n += 1 + len(s.eval.generations)
+    return n

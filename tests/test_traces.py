@@ -1,0 +1,262 @@
+"""Langfuse traces: what is traced (pure), what the real SDK builds (in-memory exporter), and what a
+real training run sends over the wire to a server implementing Langfuse's ingestion contract
+(tests/langfuse_server.py): OTLP/HTTP protobuf spans and the scores API, with Basic auth."""
+
+import base64
+import csv
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from conftest import cli, free_port, wait_for
+from grpo_sentinel.telemetry.drops import DROPS
+from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
+from grpo_sentinel.telemetry.settings import TracesSettings
+from grpo_sentinel.telemetry.traces import Credentials, TraceSink, plan, trace_id
+from langfuse_server import FakeLangfuse
+
+P, G = 8, 4
+
+
+def step(n: int, health: tuple[str, ...] = (), rewards: np.ndarray | None = None, ev: Eval | None = None) -> StepStats:
+    """A step of 8 groups x 4: group g's rewards are g/8 for all but group 5, which is [1, 1, 0, 0]."""
+    r = np.repeat(np.arange(P) / P, G) if rewards is None else rewards
+    r[20:24] = [1, 1, 0, 0]
+    std = r.reshape(P, G).std(1, ddof=1)
+    x = Samples(reward=r, components={"correct": (r > 0.5).astype(float)}, advantage=np.zeros(P * G),
+                correct=r > 0.5, length=np.arange(P * G, dtype=float) % 7 + 1, truncated=np.zeros(P * G, bool),
+                kl=np.full(P * G, 0.01), entropy=np.full(P * G, 0.5), group_reward_std=std,
+                prompts=tuple(f"{g}+{g}=" for g in range(P)), answers=tuple(str(2 * g) for g in range(P)),
+                completions=tuple(f"completion {i} of step {n}" for i in range(P * G)), prompt_tokens=np.full(P, 4.0))
+    return replace(StepStats.partial(n, eval=ev), samples=x, health=health, health_new=health)
+
+
+def test_plan_samples_a_fraction_every_few_steps_and_always_the_groups_that_explain_a_condition():
+    cfg = TracesSettings(train_every=5, train_fraction=0.25)
+    assert plan(step(3), cfg, "run", 1) == ()  # not a traced step, nothing active
+    sampled = plan(step(5), cfg, "run", 1)
+    assert len(sampled) == 2 and {t.reason for t in sampled} == {"sampled"}  # a quarter of 8 groups
+    assert [t.trace_id for t in sampled] == [trace_id("run", 1, "train", 5, t.index) for t in sampled]
+    # A condition at a step that is not a traced step: its explaining groups, first, whatever the rate.
+    mixed = np.repeat(np.arange(P) / P, G)
+    mixed[:4], mixed[28:] = [0, 0, 0, 0.5], [1, 1, 1, 0.5]  # the lowest and highest groups carry signal
+    explained = plan(step(7, ("signal_vanished",), mixed), TracesSettings(sample_rate=0.01), "run", 1)
+    reasons = {t.index: t.reason.split(" (")[0] for t in explained}
+    assert reasons == {7: "highest reward", 0: "lowest reward", 1: "all-same rewards"}  # group 1: the first all-same
+    assert [t.index for t in explained] == [0, 1, 7] and all(t.reason.endswith("(signal_vanished)") for t in explained)
+    # An all-same group already among the explaining ones is not added twice.
+    assert len(plan(step(7, ("signal_vanished",)), cfg, "run", 1)) == 2
+    longest = plan(step(7, ("length_pathology",)), cfg, "run", 1)
+    assert "longest completion" in {t.reason.split(" (")[0] for t in longest}
+    # Deterministic, and a resumed run (the next attempt) never reuses an id.
+    assert plan(step(5), cfg, "run", 1) == sampled
+    assert not {t.trace_id for t in plan(step(5), cfg, "run", 2)} & {t.trace_id for t in sampled}
+
+
+def heldout(n: int = 6) -> Eval:
+    gens = {m: Generations(tuple(f"{m} {i}" for i in range(n)), np.arange(n) % 2 == 0, np.full(n, 3.0))
+            for m in ("sampled", "greedy")}
+    return Eval(sample_acc=0.5, greedy_acc=0.5, n=n, prompts=tuple(f"q{i}" for i in range(n)),
+                answers=tuple(str(i) for i in range(n)), prompt_tokens=np.full(n, 2.0), generations=gens)
+
+
+def test_a_held_out_round_is_one_trace_per_prompt_and_the_sample_rate_thins_it():
+    refs = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(), "run", 1)
+    assert [t.index for t in refs] == list(range(400)) and {t.kind for t in refs} == {"eval"}
+    thinned = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(sample_rate=0.25), "run", 1)
+    assert 60 < len(thinned) < 140  # ~100 of 400, chosen by trace id
+
+
+@pytest.fixture
+def langfuse():
+    server = FakeLangfuse()
+    yield server
+    server.close()
+
+
+INFO = RunInfo("run-7", "demo", "grpo", Scales(1.0, float(np.log(15)), 6), attempt=2,
+               sampling={"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6})
+
+
+def test_the_sdk_builds_generations_with_texts_scores_tags_truncation_and_masking(langfuse):
+    memory = InMemorySpanExporter()
+    cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url="http://grafana:3000")
+    sink = TraceSink(cfg, Credentials("pk-lf-test", "sk-lf-test", langfuse.url), span_exporter=memory)
+    sink.start(INFO)
+    s = step(10, ("signal_vanished",))
+    s = replace(s, traces=sink.plan(s))
+    sink.on_step(s)
+    sink.close()
+    spans = memory.get_finished_spans()
+    by_trace: dict[str, list] = {}
+    for sp in spans:
+        by_trace.setdefault(f"{sp.context.trace_id:032x}", []).append(sp)
+    assert set(by_trace) == {t.trace_id for t in s.traces}  # exactly the planned traces, under their ids
+    first = next(t for t in s.traces if t.index == 7)  # the highest-reward group: rewards 7/8
+    trace = by_trace[first.trace_id]
+    gens = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "generation"]
+    root = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "span"]
+    assert len(gens) == G and len(root) == 1 and all(g.parent.span_id == root[0].context.span_id for g in gens)
+    a = gens[0].attributes
+    assert a["session.id"] == "run-7" and a["langfuse.trace.tags"] == ("train", "signal_vanished")
+    assert a["langfuse.trace.name"] == "train step 10 group 7"
+    assert json.loads(a["langfuse.trace.metadata.dashboard"]) == "http://grafana:3000/d/grpo-health?var-run=run-7"
+    assert a["langfuse.observation.input"] == "7+7="
+    assert a["langfuse.observation.output"] == "completion 2[... 12 more characters]"  # "completion 28 of step 10"
+    assert json.loads(a["langfuse.observation.model.parameters"]) == {"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6}
+    assert json.loads(a["langfuse.observation.usage_details"]) == {"input": 4, "output": int(s.samples.length[28])}
+    assert json.loads(a["langfuse.observation.metadata.reward"]) == 0.875
+    assert json.loads(a["langfuse.observation.metadata.rewards"]) == {"correct": 1.0}
+    assert json.loads(a["langfuse.observation.metadata.kind"]) == "train"
+    # Scores went to the scores API: reward (numeric) and correct (boolean) per generation.
+    ids = {f"{g.context.span_id:016x}" for sp in by_trace.values() for g in sp
+           if g.attributes["langfuse.observation.type"] == "generation"}
+    assert {sc["observationId"] for sc in langfuse.scores} == ids
+    kinds = {(sc["name"], sc["dataType"]) for sc in langfuse.scores}
+    assert kinds == {("reward", "NUMERIC"), ("correct", "BOOLEAN")}
+    assert len(langfuse.scores) == 2 * len(ids)
+
+
+def test_the_mask_redacts_before_anything_leaves_the_process(langfuse):
+    memory = InMemorySpanExporter()
+    cfg = TracesSettings(mask=[r"completion \d+", r"\d\+\d"])
+    # Another public key: the SDK keeps one client per key, and this one masks.
+    sink = TraceSink(cfg, Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
+    langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-mask:sk-lf-test").decode()
+    sink.start(INFO)
+    s = step(5)
+    sink.on_step(replace(s, traces=sink.plan(s)))
+    sink.close()
+    gens = [sp for sp in memory.get_finished_spans() if sp.attributes["langfuse.observation.type"] == "generation"]
+    assert gens and all(g.attributes["langfuse.observation.output"].startswith("[REDACTED] of step") for g in gens)
+    assert all("[REDACTED]=" == g.attributes["langfuse.observation.input"] for g in gens)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real training run over the wire
+
+KEYS = {"LANGFUSE_PUBLIC_KEY": "pk-lf-test", "LANGFUSE_SECRET_KEY": "sk-lf-test"}
+ARGS = ["--steps", "10", "--set", "run.sample_every=5", "--set", "data.eval_size=12", "--set", "telemetry.prometheus=false",
+        "--set", "traces.project_id=proj", "--set", "run.checkpoint_every=5"]
+
+
+def train(tmp_path, url: str, *extra: str, keys=KEYS, run_id: str = "r", timeout: float = 300):
+    env = {**os.environ, **keys, "LANGFUSE_BASE_URL": url, "LANGFUSE_FLUSH_INTERVAL": "0.2"}
+    return subprocess.run(cli("train", "--out", str(tmp_path), "--set", f"run.run_id={run_id}", *ARGS, *extra),
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def rows(path) -> list[dict]:
+    return list(csv.DictReader(path.open()))
+
+
+def test_a_training_run_sends_every_held_out_round_and_sampled_groups_linked_from_the_record(tmp_path, langfuse, demo_dir):
+    p = train(tmp_path, langfuse.url)
+    assert p.returncode == 0, p.stderr[-3000:]
+    traces = langfuse.traces()
+    names = {spans[0]["attributes"]["langfuse.trace.name"] for spans in traces.values()}
+    # Held-out rounds at steps 0, 5, 10: one trace per prompt; training groups every 5 steps (1 of 8).
+    assert {f"eval step {s} prompt {i}" for s in (0, 5, 10) for i in range(12)} <= names
+    assert {n.rsplit(" group", 1)[0] for n in names if n.startswith("train")} == {"train step 5", "train step 10"}
+    assert all(sp["attributes"]["session.id"] == "r" for spans in traces.values() for sp in spans)
+    # The record names them: steps.csv trace_ids, reward-vs-step.csv the round's first trace and its link.
+    record = rows(tmp_path / "r" / "steps.csv")
+    listed = [t for r in record for t in r["trace_ids"].split()]
+    assert listed and set(listed) <= set(traces)
+    curve = rows(tmp_path / "r" / "reward-vs-step.csv")
+    assert [r["step"] for r in curve] == ["0", "5", "10"]
+    assert all(r["eval_trace_id"] in traces for r in curve)
+    assert curve[1]["eval_trace_url"] == f"{langfuse.url}/project/proj/traces/{curve[1]['eval_trace_id']}"
+    # Every generation is scored; the scores point at the generations the server received.
+    generations = {sp["span_id"] for spans in traces.values() for sp in spans
+                   if sp["attributes"]["langfuse.observation.type"] == "generation"}
+    assert {sc["observationId"] for sc in langfuse.scores} == generations
+    # The keys never appear in the logs, the run directory or the payloads (only in the auth header).
+    secret, public = KEYS["LANGFUSE_SECRET_KEY"], KEYS["LANGFUSE_PUBLIC_KEY"]
+    everything = p.stdout + p.stderr + "".join(f.read_text(errors="replace") for f in (tmp_path / "r").rglob("*")
+                                                 if f.is_file() and f.suffix in (".csv", ".json", ".yaml"))
+    assert secret not in everything and public not in everything
+    assert not any(secret.encode() in r["body"] or public.encode() in r["body"] for r in langfuse.requests)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["telemetry_dropped"] == {}
+
+
+def test_wrong_keys_are_one_clear_error_counted_drops_and_a_completed_run(tmp_path, langfuse, demo_dir):
+    p = train(tmp_path, langfuse.url, keys={**KEYS, "LANGFUSE_SECRET_KEY": "sk-lf-wrong"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert langfuse.rejected > 0 and not langfuse.spans and not langfuse.scores
+    assert p.stderr.count("rejected the keys") == 1 and "Traceback" not in p.stderr
+    dropped = json.loads((tmp_path / "r" / "summary.json").read_text())["telemetry_dropped"]
+    assert dropped.get("grpo.traces.dropped{reason=unauthorized,signal=spans}", 0) > 0
+    assert dropped.get("grpo.traces.dropped{reason=unauthorized,signal=scores}", 0) > 0
+    assert "sk-lf-wrong" not in p.stderr + p.stdout
+
+
+def test_langfuse_down_for_the_whole_run_costs_nothing_but_counted_drops(tmp_path, demo_dir):
+    p = train(tmp_path, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("trace export failing") == 1 and "Traceback" not in p.stderr
+    dropped = json.loads((tmp_path / "r" / "summary.json").read_text())["telemetry_dropped"]
+    assert dropped.get("grpo.traces.dropped{reason=unreachable,signal=spans}", 0) > 0
+
+
+def test_a_server_that_accepts_and_never_answers_cannot_hold_the_exit(tmp_path, demo_dir):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held = []
+    stop = threading.Event()
+
+    def accept():  # take every connection and say nothing
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        p = train(tmp_path, f"http://127.0.0.1:{listener.getsockname()[1]}", "--set", "traces.flush_timeout_s=1")
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        listener.close()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert held  # it did connect
+    baseline = json.loads((tmp_path / "r" / "summary.json").read_text())["seconds_this_session"]
+    # The loop's own time plus start-up (~10 s): the bounded flushes (1 s at each checkpoint and at the
+    # end, export timeouts behind a backoff) add seconds, never the SDK's unbounded waits.
+    assert took < baseline + 30, (took, baseline)
+
+
+def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir):
+    env = {**os.environ, **KEYS, "LANGFUSE_BASE_URL": langfuse.url, "LANGFUSE_FLUSH_INTERVAL": "0.2"}
+    args = cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", *ARGS, "--steps", "16",
+               "--set", "traces.train_every=1")
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: (tmp_path / "r" / "checkpoints" / "step-00000005").is_dir() and
+                    len(rows(tmp_path / "r" / "steps.csv")) >= 8 or proc.poll() is not None)
+    proc.kill()
+    proc.wait()
+    first_attempt = set(langfuse.traces())
+    r = subprocess.run(cli("train", "--resume", str(tmp_path / "r")), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    roots = [sp["trace_id"] for sp in langfuse.spans if sp["attributes"].get("langfuse.internal.as_root")]
+    assert len(roots) == len(set(roots))  # every trace id sent once, across both attempts
+    attempts = {json.loads(sp["attributes"]["langfuse.trace.metadata.attempt"]) for sp in langfuse.spans}
+    assert attempts == {"1", "2"} and first_attempt
+    # The record lists only the second attempt's traces for the steps it re-did.
+    record = rows(tmp_path / "r" / "steps.csv")
+    assert [r["step"] for r in record] == [str(s) for s in range(1, 17)]
+    resumed = {t for r in record if int(r["step"]) > 5 for t in r["trace_ids"].split()}
+    assert resumed and not resumed & first_attempt
