@@ -8,6 +8,7 @@ manifest.json (step, file sizes and sha256, written last).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -58,14 +59,20 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loop_state: dic
     final = ckpt_dir / f"step-{step:08d}"
     tmp = ckpt_dir / f".tmp-step-{step:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "adapter")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state},
-               tmp / "trainer.pt")
-    files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(tmp.rglob("*")) if p.is_file()}
-    (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp / "adapter")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop_state},
+                   tmp / "trainer.pt")
+        files = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / "manifest.json").write_text(json.dumps({"step": step, "files": files}, indent=1))
+        _fsync_tree(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) gives its space back
+        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch's words for a short write
+            raise OSError(errno.ENOSPC, f"writing {tmp / 'trainer.pt'} failed ({e})") from None
+        raise
     if final.exists():  # a re-run of the same step after a resume: the new one replaces it
         shutil.rmtree(final)
     tmp.rename(final)

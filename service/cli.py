@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from datetime import datetime
@@ -79,14 +80,32 @@ def main(argv: list[str] | None = None) -> int:
                        help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
                             "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), or any "
                             "detector threshold, e.g. kl_bound=0.5 (repeatable)")
+    serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
+    serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="API address (default 127.0.0.1:8000; beyond loopback "
+                                                             "GRPO_SENTINEL_API_TOKEN is required)")
+    serve.add_argument("--state-dir", type=Path, help="queue and run directories (default ./grpo-state)")
+    serve.add_argument("--grace-s", type=float, help="seconds from SIGTERM to exit (default 30)")
+    serve.add_argument("--run-at-start", type=Path, metavar="FILE", help="a run config queued at the first start")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+        from grpo_sentinel.service.daemon.serve import serve as run_daemon
+
+        return run_daemon(args)
     if args.command == "diagnose":
         return _diagnose(args)
     if args.command == "rules":
         return _rules(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never reach for a hub
-    return _train(args)
+    from grpo_sentinel.service.runs import Interrupted
+
+    try:
+        return _train(args)
+    except Interrupted as e:  # a signal in the last moments, after the run's summary was written
+        print(f"grpo-sentinel: {e}", file=sys.stderr)
+        return 75
 
 
 def telemetry_sinks(cfg) -> list:
@@ -142,31 +161,74 @@ def _rules(args) -> int:
     return 0
 
 
-def _train(args) -> int:
-    from grpo_sentinel.service.trainer import Trainer  # heavy imports after argument parsing: --help stays instant
-    from grpo_sentinel.telemetry.traces import trace_sink
+class Signals:
+    """SIGTERM / SIGINT for a training process. Outside the training loop (start-up, model loading,
+    shutdown) a signal interrupts at once; inside it, the first asks the trainer to checkpoint at the
+    step boundary, and a second interrupts at once. Either way: exit 75, a one-line message, a summary."""
 
+    def __init__(self) -> None:
+        self.trainer = None  # set while the training loop runs
+        self.received: list[str] = []
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self)
+
+    def __call__(self, signum, frame) -> None:
+        from grpo_sentinel.service.runs import Interrupted
+
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if self.trainer is None or len(self.received) > 1:
+            raise Interrupted(("a second " if len(self.received) > 1 else "") + f"{name}: stopped at once")
+        log.warning("received %s: finishing the current step (send it again to stop at once)", name)
+        self.trainer.request_stop(name)
+
+
+def _train(args) -> int:
+    signals = Signals()  # first: a signal while anything loads must still end in a message and a summary
+    from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
+
+    run = None
     try:
-        if args.resume is not None:
-            saved = args.resume / "config.yaml"
-            if not saved.is_file():
-                raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
-            if args.config is not None:
-                raise ConfigError("--resume uses the run's saved config.yaml; drop --config (use --set to change a field)")
-            cfg = load_config(saved, args.overrides, **{"run.steps": args.steps})
-            run_dir = args.resume
+        try:
+            from grpo_sentinel.service.trainer import SetupError, Trainer  # torch: after argument parsing
+            from grpo_sentinel.telemetry.traces import trace_sink
+
+            if args.resume is not None:
+                if args.config is not None:
+                    raise ConfigError("--resume uses the run's saved config.yaml; drop --config (use --set to change a field)")
+                run, cfg = RunDir.resume(args.resume, args.overrides, args.steps)
+            else:
+                cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
+                run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
+                run = RunDir.new(Path(cfg.run.out_dir), run_id, cfg)
+            metrics = telemetry_sinks(cfg)
+            trainer = Trainer(cfg, run, sinks=[Progress(cfg.run.steps), *metrics], traces=trace_sink(cfg.traces))
+            if not trainer.open():
+                print(f"run completed at step {trainer.state.step}: {run.path} (nothing to do)")
+                return 0
+            if metrics and metrics[0].prometheus_port:  # where a supervisor (the daemon) finds this run's metrics
+                run.update_summary(metrics_port=metrics[0].prometheus_port)
+        except (ConfigError, RunDirError, SetupError, ValueError, OSError) as e:
+            print(f"grpo-sentinel: {e}", file=sys.stderr)
+            if run is not None:
+                run.discard()  # a failed start leaves no half-made run directory behind
+            return EXIT_BAD_INPUT
+        signals.trainer = trainer
+        result = trainer.loop()
+    except Interrupted as e:
+        if run is None:
+            print(f"grpo-sentinel: {e} before any run was created", file=sys.stderr)
+        elif run.created and not (run.path / "steps.csv").exists():
+            run.discard()
+            print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         else:
-            cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
-            run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
-            run_dir = Path(cfg.run.out_dir) / run_id
-            if (run_dir / "config.yaml").exists():
-                raise ConfigError(f"run directory {run_dir} already exists: pick another run.run_id, or --resume it")
-        trainer = Trainer(cfg, run_dir, sinks=[Progress(cfg.run.steps), *telemetry_sinks(cfg)],
-                          traces=trace_sink(cfg.traces))
-    except (ConfigError, ValueError, OSError) as e:
-        print(f"grpo-sentinel: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    result = trainer.run()
+            run.update_summary(status="preempted", reason=str(e))  # the loop, if it ran, wrote its own summary first
+            print(f"grpo-sentinel: {e}; resume with --resume {run.path}", file=sys.stderr)
+        return 75
+    finally:
+        signals.trainer = None
+    if result.reason:
+        print(f"grpo-sentinel: {result.reason}", file=sys.stderr)
     print(f"run {result.status} at step {result.step}: {result.run_dir}")
     return result.exit_code
 

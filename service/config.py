@@ -38,7 +38,8 @@ class ModelSettings(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights dtype. Log-probs, KL and entropy are always computed in float32."
     )
-    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
     @field_validator("path")
@@ -50,6 +51,8 @@ class ModelSettings(Section):
                 raise ValueError(f"model directory {v!r} does not exist (use 'demo' for the embedded tiny model)")
             if not (p / "config.json").is_file():
                 raise ValueError(f"{v!r} has no config.json: not a Hugging Face model directory")
+            if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
+                raise ValueError(f"{v!r} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
         return v
 
 
@@ -61,19 +64,36 @@ class DataSettings(Section):
         "exact", description="How a completion is checked: exact string, numeric value, or last \\boxed{} (numeric if both parse)."
     )
     prompt_template: str = Field("{prompt}", description="Python format string applied to each row's prompt.")
+    max_prompt_tokens: int | None = Field(None, gt=0, description="Longest prompt (template applied) in tokens; "
+                                                                  "default: the model's context minus max_new_tokens.")
+    long_prompts: Literal["error", "truncate"] = Field(
+        "error", description="A longer prompt is a data error naming its line, or is cut to its last "
+                             "max_prompt_tokens tokens (counted in summary.json)."
+    )
 
     @field_validator("path", "eval_path")
     @classmethod
     def _file_exists(cls, v: str | None) -> str | None:
-        if v is not None and v != DEMO and not Path(v).expanduser().is_file():
-            raise ValueError(f"dataset file {v!r} does not exist")
+        if v is not None and v != DEMO:
+            p = Path(v).expanduser()
+            if p.is_dir():
+                raise ValueError(f"dataset {v!r} is a directory: give the JSONL file in it")
+            if not p.is_file():
+                raise ValueError(f"dataset file {v!r} does not exist")
         return v
 
     @field_validator("prompt_template")
     @classmethod
-    def _template_has_prompt(cls, v: str) -> str:
+    def _template_formats(cls, v: str) -> str:
         if "{prompt}" not in v:
             raise ValueError("prompt_template must contain '{prompt}'")
+        try:
+            v.format(prompt="")
+        except (KeyError, IndexError) as e:
+            raise ValueError(f"prompt_template may only use {{prompt}}; it also names {e} (write a literal brace as "
+                             "{{ or }})") from None
+        except ValueError as e:
+            raise ValueError(f"prompt_template is not a valid format string ({e}; write a literal brace as {{ or }})") from None
         return v
 
 
@@ -115,6 +135,10 @@ class GRPOSettings(Section):
     )
     reward_fallback: float = Field(0.0, description="Reward used for an invalid sample when invalid_reward = fallback.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward chunk (gradients accumulate).")
+    reward_timeout_s: float = Field(60.0, gt=0, description="A call of a reward function (module:function) that takes "
+                                                            "longer makes its sample invalid ('timeout').")
+    reward_workers: int = Field(1, ge=1, description="Threads calling reward functions (module:function) in parallel; "
+                                                     "more helps rewards that wait on I/O.")
 
 
 class OptimSettings(Section):
@@ -130,12 +154,20 @@ class RunSettings(Section):
     steps: int = Field(300, gt=0, description="Optimizer steps in the run.")
     seed: int = Field(0, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
     out_dir: str = Field("runs", description="Parent folder of run directories.")
-    run_id: str | None = Field(None, description="Run directory name; default: timestamp + seed.")
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,100}$",
+                               description="Run directory name (letters, digits, . _ -); default: timestamp + seed.")
     sample_every: int = Field(20, gt=0, description="Evaluate sample_acc on the held-out subset every N steps (and at 0).")
     eval_seed: int = Field(1234, description="Sampling seed of the held-out evaluation (identical at every sampling point).")
     checkpoint_every: int = Field(50, gt=0, description="Checkpoint every N steps (and at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest complete checkpoints kept on disk.")
     max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
+
+    @field_validator("run_id")
+    @classmethod
+    def _not_a_parent(cls, v: str | None) -> str | None:
+        if v in (".", ".."):
+            raise ValueError("a run id names a directory: not '.' or '..'")
+        return v
 
 
 class Config(Section):
@@ -214,8 +246,13 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def format_errors(e: ValidationError) -> str:
-    lines = [f"invalid config ({e.error_count()} problem{'s' * (e.error_count() > 1)}):"]
-    for err in e.errors():
+    return format_error_list(e.errors())
+
+
+def format_error_list(errors: list[dict]) -> str:
+    """Pydantic's errors as one message: every problem, its field path, and for a misspelt key the nearest one."""
+    lines = [f"invalid config ({len(errors)} problem{'s' * (len(errors) > 1)}):"]
+    for err in errors:
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

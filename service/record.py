@@ -131,3 +131,28 @@ def _parse(row: dict[str, str]) -> dict:
             out[k] = v
     out.update({k: row.get(k, "") for k in TEXT})
     return out
+
+
+def recorded_steps(path: Path) -> list[int]:
+    """The step numbers steps.csv holds, in order (a torn last line, from a kill mid-write, excluded)."""
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()[: text.count("\n")]  # complete lines only
+    out = []
+    for r in csv.DictReader(lines):
+        try:
+            out.append(int(r["step"]))
+        except (KeyError, TypeError, ValueError):
+            break
+    return out
+
+
+def last_row(path: Path, tail: int = 1 << 16) -> dict[str, str]:
+    """The newest complete row of a CSV, read from its end (a long run's steps.csv is large)."""
+    with path.open("rb") as f:
+        header = f.readline().decode()
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(len(header), size - tail))
+        lines = f.read().decode(errors="replace").split("\n")[:-1]  # the last piece is empty or torn
+    if not lines or (size > tail and len(lines) < 2):
+        return {}
+    return next(csv.DictReader([header, lines[-1]]), {})

@@ -1,29 +1,39 @@
-"""The training loop: step, evaluate, record, checkpoint; stop cleanly on SIGTERM/SIGINT."""
+"""One run: load, restore, step, evaluate, record, checkpoint, finish.
+
+The lifecycle is explicit so that any entry point can drive it: `open()` loads the model and
+restores the newest complete checkpoint (or measures the step-0 baseline), `step()` runs one step
+and everything that follows it (health verdict, traces, sinks, checkpoint), `close()` ends the run
+and writes its summary. `request_stop()` may be called from a signal handler or another thread: the
+run checkpoints at the next step boundary, and a step still waiting on its rewards is abandoned
+(a resume redoes it exactly). Signal handlers belong to the entry points (the CLI, the daemon).
+"""
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import math
-import signal
+import os
+import shutil
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_sentinel.service import checkpoint
 from grpo_sentinel.service.config import DEMO, Config
-from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, load_datasets
+from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, fit_prompts, load_datasets
 from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
-from grpo_sentinel.service.record import RunRecord
-from grpo_sentinel.service.rewards import RewardScorer
+from grpo_sentinel.service.record import RunRecord, recorded_steps
+from grpo_sentinel.service.rewards import RewardScorer, StepAbandoned
+from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
 from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
 from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
@@ -34,9 +44,18 @@ from grpo_sentinel.telemetry.traces import TraceSink
 
 log = logging.getLogger(__name__)
 
-EXIT_COMPLETED, EXIT_HALTED, EXIT_PREEMPTED = 0, 3, 75  # 75 = EX_TEMPFAIL: "run me again"
-EXIT_CODES = {"completed": EXIT_COMPLETED, "stopped_early": EXIT_COMPLETED, "halted": EXIT_HALTED,
-              "preempted": EXIT_PREEMPTED}
+# Exit codes (README, "Crashes, preemption, bad numbers"): 75 = EX_TEMPFAIL, run me again with --resume;
+# 74 = EX_IOERR, the disk is full: free space, then --resume.
+EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
+EXIT_BAD_INPUT, EXIT_DISK = 2, 74
+
+
+class SetupError(ValueError):
+    """The run cannot start as configured (found before the weights load); the message says what to fix."""
+
+
+class DiskFull(RuntimeError):
+    """A write into the run directory failed for lack of space; the newest complete checkpoint stays."""
 
 
 @dataclass
@@ -56,10 +75,11 @@ class LoopState:
 
 @dataclass(frozen=True)
 class RunResult:
-    status: str  # completed | stopped_early | preempted | halted
+    status: str  # completed | stopped_early | preempted | halted | failed
     run_dir: Path
     step: int
     exit_code: int
+    reason: str = ""
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -68,15 +88,51 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % (2**63)
 
 
-def build_policy(cfg: Config) -> Policy:
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights are and what they will meet, checked before they load."""
+
+    path: Path
+    device: str
+    tokenizer: object
+    context: int | None  # max positions of the model, if its config says
+
+
+def resolve_model(cfg: Config) -> ModelSource:
+    """Tokenizer, device and LoRA targets checked against the model's config (instantiated on the meta
+    device: no weights, no memory), so a mistake fails in seconds, not after a multi-GB load."""
     from grpo_sentinel.service.demo import demo_model_dir
 
     path = demo_model_dir() if cfg.model.path == DEMO else Path(cfg.model.path).expanduser()
     device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise SetupError(f"model.device={cfg.model.device}: this machine has no CUDA device (torch "
+                             f"{torch.__version__}); use model.device=cpu or auto")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise SetupError(f"model.device={device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise SetupError(f"model.path={cfg.model.path}: cannot load its tokenizer or config ({e})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    base = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)})
+    names = [n for n, _ in skeleton.named_modules()]
+    missing = [t for t in cfg.model.lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise SetupError(f"model.lora.target_modules: {missing} match no module of {config.model_type}; "
+                         f"its linear layers are {linear}")
+    return ModelSource(path, device, tokenizer, getattr(config, "max_position_embeddings", None))
+
+
+def build_policy(cfg: Config, source: ModelSource | None = None) -> Policy:
+    src = source or resolve_model(cfg)
+    base = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, cfg.model.dtype)).to(src.device)
     lora = cfg.model.lora
     torch.manual_seed(cfg.run.seed)  # LoRA A is randomly initialised: same seed, same run
     model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -85,7 +141,7 @@ def build_policy(cfg: Config) -> Policy:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, o.warmup_steps, cfg.run.steps, o.schedule))
-    return Policy(model, tokenizer, optimizer, scheduler, o.max_grad_norm)
+    return Policy(model, src.tokenizer, optimizer, scheduler, o.max_grad_norm)
 
 
 def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1) -> RunInfo:
@@ -135,13 +191,15 @@ def evaluate(policy: Policy, heldout: list[Example], cfg: Config, batch: int = 2
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None):
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, cfg: Config, run: RunDir, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None):
+        self.cfg, self.run = cfg, run
         self.traces = traces  # also a sink; it plans each step's traces before any sink sees the step
+        self._stop_reason: str | None = None
+        self._stop = threading.Event()  # set by request_stop(): the scorer stops waiting on rewards
         self.data: Datasets = load_datasets(cfg.data, cfg.run.seed)  # before the model: bad data fails fast
-        self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo)
+        self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo, self._stop)
         self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
-        self.record = RunRecord(run_dir, [r.name for r in cfg.rewards], traces.links.trace if traces else None)
+        self.record = RunRecord(run.path, [r.name for r in cfg.rewards], traces.links.trace if traces else None)
         self.sinks = [self.record, *sinks, *([traces] if traces else [])]
         h = cfg.health
         window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
@@ -150,28 +208,66 @@ class Trainer:
         self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None
         self.state = LoopState()
-        self._stop_signal: int | None = None
-        self._saved_step = -1
+        self.attempt = 0
+        self._saved_step = 0  # the step of the newest complete checkpoint: the resume point
+        self._started = False  # sinks started: close() must close them
+        self._t0 = time.monotonic()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def run(self) -> RunResult:
+    def run_to_end(self) -> RunResult:
+        if not self.open():
+            return RunResult("completed", self.run_dir, self.state.step, EXIT_CODES["completed"])
+        return self.loop()
+
+    def loop(self) -> RunResult:
+        """Step until the run ends, then close; whatever ends it, the run closes with a summary."""
+        try:
+            while (status := self.step()) is None:
+                pass
+        except DiskFull as e:
+            return self.close("failed", str(e), EXIT_DISK)
+        except Interrupted as e:
+            self.close("preempted", str(e))
+            raise
+        except BaseException as e:
+            self.close("failed", f"{type(e).__name__}: {e}")
+            raise
+        return self.close(status)
+
+    def open(self) -> bool:
+        """Load the model, restore the newest complete checkpoint or measure the step-0 baseline, and
+        start the sinks. False: the run has already finished; nothing to do."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        summary = self._read_summary()
+        summary = self.run.read_summary()
         if summary.get("status") == "completed" and summary.get("step", 0) >= cfg.run.steps:
             log.info("run %s already finished at step %d; nothing to do", self.run_dir, summary["step"])
-            return RunResult("completed", self.run_dir, summary["step"], EXIT_COMPLETED)
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
-        self.policy = build_policy(cfg)
+            self.state.step = summary["step"]
+            return False
+        for note in self.data.notes:
+            log.warning("data: %s", note)
+        source = resolve_model(cfg)
+        limit = cfg.data.max_prompt_tokens or (source.context - cfg.grpo.max_new_tokens if source.context else None)
+        if limit is not None:
+            if limit < 1:
+                raise SetupError(f"grpo.max_new_tokens={cfg.grpo.max_new_tokens} leaves no room for a prompt in the "
+                                 f"model's context of {source.context} tokens")
+            self.data = fit_prompts(self.data, source.tokenizer, limit, cfg.data.long_prompts)
+        self.policy = build_policy(cfg, source)
         # Each start is the next attempt, recorded before anything is traced: trace ids carry it, so a
         # resumed run never re-emits the ids of the steps it re-does.
         self.attempt = summary.get("attempt", 0) + 1
-        self._write_summary("running", 0.0)
         info = run_info(cfg, self.run_dir, self.policy, self.attempt)
+        resumed = self._restore()
+        self._write_summary("running")
+        self.run.event("resumed" if resumed else "started", attempt=self.attempt, step=self.state.step, pid=os.getpid())
         for sink in [*self.sinks, self.monitor] if self.monitor else self.sinks:
             sink.start(info)
-        resumed = self._restore()
+        self._started = True
         self.record.open(self.state.step if resumed else None)
         if resumed and self.monitor and self.state.step > 0:
             self.monitor.seed(ingest.load(self.run_dir / "steps.csv"))
@@ -186,51 +282,66 @@ class Trainer:
             if self.monitor:
                 self.monitor.baseline(ev.sample_acc)
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        t0 = time.monotonic()
-        try:
-            status = self._loop()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-            for sink in self.sinks:
-                sink.close()
-        self._write_summary(status, time.monotonic() - t0)
-        return RunResult(status, self.run_dir, self.state.step, EXIT_CODES[status])
+        self._t0 = time.monotonic()
+        return True
 
-    def _loop(self) -> str:
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Checkpoint at the next step boundary and end the run as preempted (safe from any thread)."""
+        self._stop_reason = reason
+        self._stop.set()
+
+    def step(self) -> str | None:
+        """One step and what follows it; the run's final status when it ends here, else None."""
         cfg, st = self.cfg, self.state
-        while st.step < cfg.run.steps:
-            if self._stop_signal is not None:
-                log.warning("%s: checkpointing at step %d and exiting (resume with --resume %s)",
-                            signal.Signals(self._stop_signal).name, st.step, self.run_dir)
-                if self._saved_step != st.step:
-                    self._checkpoint()
-                return "preempted"
+        if self._stop_reason is not None:
+            return self._stopped()
+        try:
             stats = self._train_one()
-            verdict = self.monitor.observe(stats) if self.monitor else None
-            if verdict is not None:
-                stats = replace(stats, health=tuple(c.id for c in verdict.active),
-                                health_new=tuple(c.id for c in verdict.new), entropy_baseline=verdict.entropy_baseline)
-                self._healthy = not verdict.critical
-                for c in verdict.new:
-                    st.conditions.setdefault(c.id, c.first_step)
-            if self.traces:
-                stats = replace(stats, traces=self.traces.plan(stats))
+        except StepAbandoned:
+            return self._stopped()
+        verdict = self.monitor.observe(stats) if self.monitor else None
+        if verdict is not None:
+            stats = replace(stats, health=tuple(c.id for c in verdict.active),
+                            health_new=tuple(c.id for c in verdict.new), entropy_baseline=verdict.entropy_baseline)
+            self._healthy = not verdict.critical
+            for c in verdict.new:
+                st.conditions.setdefault(c.id, c.first_step)
+        if self.traces:
+            stats = replace(stats, traces=self.traces.plan(stats))
+        for sink in self.sinks:
+            self._disk(sink.on_step, stats)
+        if st.consecutive_faults >= cfg.run.max_consecutive_faults:
+            log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
+            self._checkpoint()
+            return "halted"
+        if verdict is not None and verdict.action:
+            log.warning("health: %s on %s at step %d (health.%s_on)", verdict.action, verdict.because, st.step,
+                        verdict.action)
+            self._checkpoint()
+            return "halted" if verdict.action == "halt" else "stopped_early"
+        if st.step % cfg.run.checkpoint_every == 0 or st.step >= cfg.run.steps:
+            self._checkpoint()
+        return "completed" if st.step >= cfg.run.steps else None
+
+    def close(self, status: str, reason: str = "", exit_code: int | None = None) -> RunResult:
+        """End the run: close the sinks (bounded), write the summary and the event, release the run."""
+        if self._started:
             for sink in self.sinks:
-                sink.on_step(stats)
-            if st.consecutive_faults >= cfg.run.max_consecutive_faults:
-                log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
-                self._checkpoint()
-                return "halted"
-            if verdict is not None and verdict.action:
-                log.warning("health: %s on %s at step %d (health.%s_on)", verdict.action, verdict.because, st.step,
-                            verdict.action)
-                self._checkpoint()
-                return "halted" if verdict.action == "halt" else "stopped_early"
-            if st.step % cfg.run.checkpoint_every == 0 or st.step == cfg.run.steps:
-                self._checkpoint()
-        return "completed"
+                try:
+                    sink.close()
+                except Exception:  # noqa: BLE001 - one sink's failure must not lose the summary
+                    log.exception("closing %s failed", type(sink).__name__)
+            self._started = False
+        try:
+            self._write_summary(status, reason)
+            self.run.event("ended", status=status, step=self._saved_step, reason=reason)
+        except OSError as e:  # a full disk: the record up to the newest checkpoint stands
+            log.error("cannot write the summary of %s: %s", self.run_dir, e)
+        self.run.unlock()
+        code = EXIT_CODES[status] if exit_code is None else exit_code
+        return RunResult(status, self.run_dir, self._saved_step, code, reason)
+
+    # -- one step ------------------------------------------------------------------------------
 
     def _train_one(self) -> StepStats:
         cfg, st = self.cfg, self.state
@@ -252,19 +363,40 @@ class Trainer:
             stats = replace(stats, eval=ev)
         return stats
 
+    def _stopped(self) -> str:
+        log.warning("%s: checkpointing at step %d and exiting (resume with --resume %s)", self._stop_reason,
+                    self.state.step, self.run_dir)
+        if self._saved_step != self.state.step:
+            self._checkpoint()
+        return "preempted"
+
     # -- persistence ---------------------------------------------------------------------------
+
+    def _disk(self, write, *args):
+        """A write into the run directory; a full disk ends the run with a clear error (DiskFull)."""
+        try:
+            return write(*args)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            free = shutil.disk_usage(self.run_dir).free
+            newest = self.run_dir / "checkpoints" / f"step-{self._saved_step:08d}"
+            need = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file()) if newest.is_dir() else 0
+            raise DiskFull(f"no space left in {self.run_dir} ({free / 2**20:.1f} MiB free"
+                           + (f"; a checkpoint needs ~{need / 2**20:.1f} MiB" if need else "")
+                           + f"): free space, then --resume {self.run_dir} (it continues from step {self._saved_step})") from None
 
     def _checkpoint(self) -> None:
         p = self.policy
-        self._saved_step = self.state.step
         try:
-            saved = checkpoint.save(self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer, p.scheduler,
-                                    asdict(self.state), self.cfg.run.keep_checkpoints)
+            saved = self._disk(checkpoint.save, self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer,
+                               p.scheduler, asdict(self.state), self.cfg.run.keep_checkpoints)
         except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
             log.error("%s", e)
             return
+        self._saved_step = self.state.step
         if self._healthy:  # a rollback target that no critical condition had touched
-            checkpoint.mark_last_healthy(saved)
+            self._disk(checkpoint.mark_last_healthy, saved)
         if self.traces:  # bounded: after a crash, only the steps the resume re-does lack their traces
             self.traces.flush()
 
@@ -273,31 +405,27 @@ class Trainer:
         if ckpt is None:
             return False
         p = self.policy
-        self.state = LoopState(**checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler))
+        try:
+            self.state = LoopState(**checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler))
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise RunDirError(f"{ckpt.path} does not fit this model and config ({e}); the run cannot resume "
+                              "with them") from None
+        recorded = recorded_steps(self.run_dir / "steps.csv") if (self.run_dir / "steps.csv").is_file() else []
+        if recorded[: self.state.step] != list(range(1, self.state.step + 1)):
+            raise RunDirError(f"{self.run_dir / 'steps.csv'} lacks some of steps 1-{self.state.step} that the checkpoint "
+                              "has trained: the record is damaged; restore it or start a new run")
+        self._saved_step = self.state.step
         log.info("resuming from %s (step %d)", ckpt.path, self.state.step)
         return True
 
-    def _read_summary(self) -> dict:
-        path = self.run_dir / "summary.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
-
-    def _write_summary(self, status: str, seconds: float) -> None:
+    def _write_summary(self, status: str, reason: str = "") -> None:
         st = self.state
-        summary = {
-            "status": status, "step": st.step, "steps": self.cfg.run.steps, "attempt": self.attempt,
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "seconds_this_session": round(seconds, 1),
+        self.run.update_summary(**{  # keeps what others wrote there (the daemon's submitted_at)
+            "status": status, "step": self._saved_step if status != "running" else st.step, "steps": self.cfg.run.steps,
+            "attempt": self.attempt, "pid": os.getpid(), "reason": reason,
+            "seconds_this_session": round(time.monotonic() - self._t0, 1),
             "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
             "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,
+            "health_conditions": st.conditions, "data_notes": list(self.data.notes),
             "telemetry_dropped": DROPS.report(),  # what metrics and traces could not deliver (also on /metrics)
-            "health_conditions": st.conditions,
-        }
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.run_dir / "summary.json")
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # a second signal: stop waiting for the step boundary
-            raise KeyboardInterrupt
-        self._stop_signal = signum
-        log.warning("received %s: finishing the current step", signal.Signals(signum).name)
+        })

@@ -20,6 +20,13 @@ def demo_dir() -> Path:
     return demo_model_dir()
 
 
+def new_run(parent: Path, cfg, name: str = "r"):
+    """A fresh, locked run directory for a Trainer, as the CLI makes one."""
+    from grpo_sentinel.service.runs import RunDir
+
+    return RunDir.new(parent, name, cfg)
+
+
 def cli(*args: str) -> list[str]:
     """Command line of the installed entry point, as a user runs it."""
     return [sys.executable, "-m", "grpo_sentinel.service.cli", *args]

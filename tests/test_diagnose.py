@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
-from conftest import cli
+from conftest import cli, new_run
 from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.table import BY_ID
@@ -116,7 +116,7 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     from grpo_sentinel.service.trainer import Trainer
 
     cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 30})
-    Trainer(cfg, tmp_path / "r").run()
+    Trainer(cfg, new_run(tmp_path, cfg)).run_to_end()
     log = load(tmp_path / "r")  # the run directory
     assert log.format == "sentinel" and len(log) == 30
     assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200

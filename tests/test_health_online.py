@@ -3,6 +3,7 @@
 import csv
 import json
 
+from conftest import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
 
@@ -14,7 +15,7 @@ def constant(completion, answer, prompt):
 def run(tmp_path, *overrides, steps=30):
     cfg = load_config(None, ["rewards=[{name: 'tests.test_health_online:constant'}]", "health.window=5",
                              "run.sample_every=10", "run.checkpoint_every=2", *overrides], **{"run.steps": steps})
-    return Trainer(cfg, tmp_path / "r").run()
+    return Trainer(cfg, new_run(tmp_path, cfg)).run_to_end()
 
 
 def test_a_condition_in_stop_on_ends_the_run_early_with_a_checkpoint(tmp_path, demo_dir):
@@ -47,7 +48,7 @@ def test_induced_collapse_high_learning_rate(tmp_path, demo_dir):
     """lr 1e-2 (10x the demo's) on the tiny model: every group loses its signal (all wrong), KL climbs
     past 2 per token and held-out accuracy falls to ~0. The monitor must name it."""
     cfg = load_config(None, ["optim.lr=1e-2", "run.sample_every=20", "health.stop_on=[]"], **{"run.steps": 60})
-    result = Trainer(cfg, tmp_path / "r").run()
+    result = Trainer(cfg, new_run(tmp_path, cfg)).run_to_end()
     seen = json.loads((tmp_path / "r" / "summary.json").read_text())["health_conditions"]
     assert result.status == "completed"
     assert "signal_vanished" in seen

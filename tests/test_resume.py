@@ -12,7 +12,7 @@ from conftest import cli, wait_for
 
 STEPS = 24
 ARGS = ["--steps", str(STEPS), "--set", "run.sample_every=8", "--set", "run.checkpoint_every=5",
-        "--set", "run.eval_seed=7"]
+        "--set", "run.eval_seed=7", "--set", "telemetry.prometheus=false"]
 
 
 def start(out: Path, run_id: str, *extra: str) -> subprocess.Popen:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import answers, cli, free_port, installed, wait_for
+from conftest import answers, cli, free_port, installed, new_run, wait_for
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
 from grpo_sentinel.telemetry.health.rules import RuleParams, render
@@ -177,7 +177,7 @@ def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     sink = OTelSink(None, OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
     cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 20})
     t0 = time.monotonic()
-    result = Trainer(cfg, tmp_path / "r", sinks=[sink]).run()
+    result = Trainer(cfg, new_run(tmp_path, cfg), sinks=[sink]).run_to_end()
     assert result.status == "completed"
     assert [r["step"] for r in csv_rows(tmp_path / "r")] == [str(i) for i in range(1, 21)]
     assert sink.export_failures["otlp"] > 0

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from conftest import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
 
@@ -14,8 +15,7 @@ def trainer(tmp_path, demo_dir):
     def make(*overrides):
         cfg = load_config(None, ["run.sample_every=1000", "run.checkpoint_every=1000", *overrides],
                           **{"run.steps": 6})
-        t = Trainer(cfg, tmp_path / "run")
-        t.run_dir.mkdir(parents=True)
+        t = Trainer(cfg, new_run(tmp_path, cfg, "run"))
         from grpo_sentinel.service.trainer import build_policy
 
         t.policy = build_policy(cfg)
@@ -93,7 +93,7 @@ def always_nan(completion, answer, prompt):
 def test_a_step_with_no_scored_sample_is_a_fault_and_repeated_faults_halt(tmp_path, demo_dir):
     cfg = load_config(None, ["rewards=[{name: 'tests.test_trainer:always_nan'}]", "run.max_consecutive_faults=2"],
                       **{"run.steps": 10, "run.out_dir": str(tmp_path)})
-    result = Trainer(cfg, tmp_path / "run").run()
+    result = Trainer(cfg, new_run(tmp_path, cfg, "run")).run_to_end()
     assert (result.status, result.step, result.exit_code) == ("halted", 2, 3)
     import csv
 

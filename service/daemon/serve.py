@@ -1,0 +1,122 @@
+"""`grpo-sentinel serve`: the long-running trainer daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import uvicorn
+import yaml
+from pydantic import Field, field_validator
+
+from grpo_sentinel.service.config import ConfigError, format_errors, load_config
+from grpo_sentinel.telemetry.settings import Section
+
+log = logging.getLogger("grpo_sentinel")
+
+TOKEN_ENV = "GRPO_SENTINEL_API_TOKEN"
+
+
+class DaemonSettings(Section):
+    listen: str = Field("127.0.0.1:8000", description="HOST:PORT of the API (and /metrics, /healthz, /readyz).")
+    state_dir: str = Field("grpo-state", description="Queue and run directories; put it on a persistent volume.")
+    grace_s: float = Field(30.0, gt=0, description="SIGTERM to exit: the running run checkpoints within it "
+                                                   "(match the pod's terminationGracePeriodSeconds).")
+    run_at_start: str | None = Field(None, description="A run config (YAML) queued at the first start (once: a "
+                                                       "restart finds it by its run id).")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8000 or 0.0.0.0:8000 (got {v!r})")
+        return v
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+def settings(args) -> DaemonSettings:
+    raw: dict = {}
+    if args.config is not None:
+        try:
+            raw = yaml.safe_load(Path(args.config).read_text()) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise ConfigError(f"daemon config {args.config}: cannot read it ({e})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"daemon config {args.config}: expected a mapping (listen, state_dir, grace_s, run_at_start)")
+    for key in ("listen", "state_dir", "grace_s", "run_at_start"):  # flags win over the file
+        if getattr(args, key) is not None:
+            raw[key] = str(getattr(args, key)) if key != "grace_s" else getattr(args, key)
+    try:
+        return DaemonSettings.model_validate(raw)
+    except Exception as e:  # pydantic.ValidationError
+        raise ConfigError(format_errors(e).replace("invalid config", "invalid daemon config")) from None
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises the signal that stopped it once it has shut down (so the process dies of it:
+    exit 143). A SIGTERM to the daemon is a graceful stop that must exit 0, so the daemon takes the
+    signals itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def serve(args) -> int:
+    from grpo_sentinel.service.daemon.app import create_app
+    from grpo_sentinel.service.daemon.supervisor import Supervisor
+
+    try:
+        s = settings(args)
+        token = os.environ.get(TOKEN_ENV) or None
+        if not s.loopback and token is None:
+            raise ConfigError(f"--listen {s.listen} is reachable beyond this host: set {TOKEN_ENV} (the API then "
+                              "requires 'Authorization: Bearer <token>'), or listen on 127.0.0.1")
+        boot = load_config(s.run_at_start) if s.run_at_start else None
+    except ConfigError as e:
+        print(f"grpo-sentinel serve: {e}", file=sys.stderr)
+        return 2
+    supervisor = Supervisor(Path(s.state_dir), s.grace_s)
+    supervisor.start()
+    if boot is not None:
+        # Queued once: a pod restart finds the run by its id and resumes it instead of starting another.
+        run_id = boot.run.run_id or "boot-" + hashlib.sha256(boot.to_yaml().encode()).hexdigest()[:8]
+        if run_id not in supervisor.run_ids():
+            supervisor.submit(boot.model_copy(update={"run": boot.run.model_copy(update={"run_id": run_id})}))
+    app = create_app(supervisor, token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        supervisor.shutdown()  # after the server stopped taking requests: the run checkpoints
+
+    app.router.lifespan_context = lifespan
+    server = _Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="on",
+                                    timeout_graceful_shutdown=2))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
+    log.info("grpo-sentinel daemon on http://%s/ (state %s, grace %.0f s)%s", s.listen, s.state_dir, s.grace_s,
+             "" if token is None else ", API token required")
+    server.run()
+    return 0

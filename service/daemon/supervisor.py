@@ -1,0 +1,295 @@
+"""The daemon's run queue, and the one training process it runs at a time.
+
+The run directories under `<state>/runs/` are the source of truth: a run's directory is made (its
+config validated and written, status `queued`) when it is submitted, and every later state is in its
+`summary.json`, written by the training process itself. `<state>/queue.json` only keeps the order;
+a corrupt one is set aside, reported, and the order rebuilt from the run directories, so no run is
+ever silently dropped.
+
+Each run trains in a child process (`grpo-sentinel train --resume <run dir>`), so a crash, an
+out-of-memory kill or a hung library takes down that run only; the daemon marks it failed with its
+error and goes on with the next. The child dies with the daemon (PR_SET_PDEATHSIG): a SIGKILLed
+pod leaves no orphan holding the GPU, and the next start resumes the run from its newest complete
+checkpoint before it takes new work. SIGTERM is forwarded: the child checkpoints at the step
+boundary, and is killed only if it has not finished within the grace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+
+from grpo_sentinel.service.config import Config
+from grpo_sentinel.service.runs import RunDir, RunDirError
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("queued", "running", "completed", "stopped_early", "halted", "preempted", "stopped", "failed")
+INTERRUPTED = ("running", "preempted")  # found at start-up: resumed before anything new
+FINISHED = ("completed", "stopped_early", "halted", "stopped", "failed")
+
+
+def _die_with(parent: int):
+    def preexec() -> None:
+        """In the child, before exec: SIGKILL when the daemon's supervising thread ends (Linux)."""
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the daemon died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Child:
+    run_id: str
+    proc: subprocess.Popen
+    stop_requested: bool = False  # the API asked to stop it: it ends `stopped`, not queued for resume
+
+
+class Supervisor:
+    def __init__(self, state_dir: Path, grace_s: float = 30.0):
+        self.state_dir = Path(state_dir)
+        self.runs_dir = self.state_dir / "runs"
+        self.grace_s = grace_s
+        self._lock = threading.Condition()
+        self._order: list[str] = []  # every known run, in submission order
+        self._pending: list[str] = []  # runs to train, interrupted ones first
+        self.child: Child | None = None
+        self._closing = False
+        self._worker: threading.Thread | None = None
+        self.registry = CollectorRegistry()
+        self.registry.register(_RunsByStatus(self))
+        self._finished = Counter("grpo_runs_finished", "Runs that ended, by how (failed: an error; see the run).",
+                                 ["status"], registry=self.registry)
+        for s in FINISHED:
+            self._finished.labels(s)
+
+    # -- start-up and shutdown -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self._order = self._load_order()
+        status = {rid: self.status(rid) for rid in self._order}
+        self._pending = [r for r in self._order if status[r] in INTERRUPTED] + \
+                        [r for r in self._order if status[r] == "queued"]
+        if any(status[r] in INTERRUPTED for r in self._order):
+            log.info("resuming interrupted run(s) first: %s", ", ".join(r for r in self._order if status[r] in INTERRUPTED))
+        self._save_order()
+        self._worker = threading.Thread(target=self._work, name="grpo-supervisor", daemon=True)
+        self._worker.start()
+
+    @property
+    def ready(self) -> bool:
+        return self._worker is not None and self._worker.is_alive() and not self._closing
+
+    def shutdown(self) -> None:
+        """SIGTERM to the training process, which checkpoints and exits; SIGKILL if it outlives the grace.
+        Either way the run is resumed at the next start."""
+        with self._lock:
+            self._closing = True
+            child = self.child
+            self._lock.notify_all()
+        if child is not None and child.proc.poll() is None:
+            log.info("stopping run %s: checkpoint at the step boundary (grace %.0f s)", child.run_id, self.grace_s)
+            if not child.stop_requested:  # a second SIGTERM would make it stop at once, without its checkpoint
+                child.proc.send_signal(signal.SIGTERM)
+            try:
+                child.proc.wait(timeout=max(1.0, self.grace_s - 3))  # keep a few seconds for our own exit
+            except subprocess.TimeoutExpired:
+                log.warning("run %s did not stop within the grace; killed (it resumes from its newest checkpoint)",
+                            child.run_id)
+                child.proc.kill()
+                child.proc.wait()
+        if self._worker is not None:
+            self._worker.join(timeout=5)
+
+    # -- the API's operations ------------------------------------------------------------------
+
+    def submit(self, cfg: Config) -> str:
+        """Queue a run (a validated config); returns its id. Under the daemon a run serves its metrics on
+        loopback only (the daemon's /metrics carries them) and lives in the state directory."""
+        run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+        cfg = cfg.model_copy(deep=True)
+        cfg.run.run_id, cfg.run.out_dir = run_id, str(self.runs_dir)
+        cfg.telemetry.prometheus_host, cfg.telemetry.prometheus_port = "127.0.0.1", 0
+        with self._lock:
+            if run_id in self._order:
+                raise RunDirError(f"run {run_id!r} already exists")
+            run = RunDir.new(self.runs_dir, run_id, cfg)
+            run.write_summary({"status": "queued", "step": 0, "steps": cfg.run.steps, "submitted_at": _now()})
+            run.unlock()  # the training process takes it when the run starts
+            self._order.append(run_id)
+            self._pending.append(run_id)
+            self._save_order()
+            self._lock.notify_all()
+        log.info("run %s queued (%d ahead of it)", run_id, len(self._pending) - 1 + (self.child is not None))
+        return run_id
+
+    def stop(self, run_id: str) -> str:
+        """A queued run is removed; the running one checkpoints and ends `stopped`. Returns what happened."""
+        with self._lock:
+            if run_id in self._pending:
+                self._pending.remove(run_id)
+                self._order.remove(run_id)
+                shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
+                self._save_order()
+                return "removed"
+            child = self.child
+            if child is not None and child.run_id == run_id:
+                child.stop_requested = True
+                child.proc.send_signal(signal.SIGTERM)
+                return "stopping"
+        return self.status(run_id)
+
+    def run_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._order)
+
+    def run_dir(self, run_id: str) -> RunDir | None:
+        return RunDir(self.runs_dir / run_id) if run_id in self._order else None
+
+    def status(self, run_id: str) -> str:
+        try:
+            return RunDir(self.runs_dir / run_id).read_summary().get("status", "queued")
+        except RunDirError:
+            return "failed"
+
+    # -- the worker ----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closing:
+                    self._lock.wait()
+                if self._closing:
+                    return
+                run_id = self._pending.pop(0)
+            try:
+                self._train(run_id)
+            except Exception as e:  # noqa: BLE001 - one run's trouble never takes the service down
+                log.exception("run %s: the supervisor failed to run it", run_id)
+                RunDir(self.runs_dir / run_id).update_summary(status="failed", reason=f"the daemon could not start it: {e}")
+                self._finished.labels("failed").inc()
+
+    def _train(self, run_id: str) -> None:
+        run_dir = self.runs_dir / run_id
+        # A training process killed with the previous daemon may take a moment to die and let go of the run.
+        if not RunDir(run_dir).wait_unlocked(timeout=30):
+            raise RunDirError(f"run {run_id} is held by {RunDir(run_dir).holder()}")
+        cmd = [sys.executable, "-m", "grpo_sentinel.service.cli", "train", "--resume", str(run_dir)]
+        with (run_dir / "train.log").open("ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(os.getpid()),
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        with self._lock:
+            self.child = Child(run_id, proc)
+        log.info("run %s: training (pid %d, log %s)", run_id, proc.pid, run_dir / "train.log")
+        rc = proc.wait()
+        with self._lock:
+            child, self.child = self.child, None
+            closing = self._closing
+        self._settle(run_id, rc, child.stop_requested, closing)
+
+    def _settle(self, run_id: str, rc: int, stop_requested: bool, closing: bool) -> None:
+        """What the training process's exit means for the run."""
+        run = RunDir(self.runs_dir / run_id)
+        summary = run.read_summary()
+        status = summary.get("status", "running")
+        if rc == 75 or (closing and rc < 0):  # checkpointed at a signal (or killed at the end of the grace)
+            if stop_requested:
+                status = "stopped"
+                run.update_summary(status="stopped", reason="stopped through the API")
+            elif closing:
+                status = "preempted"
+                run.update_summary(status="preempted", reason="the daemon stopped; it resumes at the next start")
+            else:  # a signal from elsewhere: train on
+                with self._lock:
+                    self._pending.insert(0, run_id)
+                return
+        elif rc not in (0, 3) or status in ("running", "queued"):
+            reason = summary.get("reason") if status == "failed" else None
+            status = "failed"
+            run.update_summary(status="failed", reason=reason or self._why(run_id, rc))
+        self._finished.labels(status).inc()
+        log.log(logging.ERROR if status == "failed" else logging.INFO, "run %s: %s%s", run_id, status,
+                f" ({run.read_summary().get('reason')})" if status == "failed" else "")
+
+    def _why(self, run_id: str, rc: int) -> str:
+        if rc < 0:
+            name = signal.Signals(-rc).name
+            return f"the training process was killed by {name}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
+        lines = [ln for ln in (self.runs_dir / run_id / "train.log").read_text(errors="replace").splitlines() if ln.strip()]
+        said = next((ln for ln in reversed(lines) if ln.startswith("grpo-sentinel:")), lines[-1] if lines else "")
+        return f"the training process exited with code {rc}" + (f": {said.removeprefix('grpo-sentinel: ')}" if said else "")
+
+    # -- persistence and metrics ---------------------------------------------------------------
+
+    def _load_order(self) -> list[str]:
+        path = self.state_dir / "queue.json"
+        order: list[str] = []
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                order = [str(r) for r in data["order"]]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                aside = path.with_name(f"queue.json.corrupt-{int(time.time())}")
+                path.rename(aside)
+                log.error("%s is corrupt (%s): kept as %s; the order is rebuilt from the run directories", path, e, aside)
+        # Runs on disk the queue does not list (a lost write, a rebuilt queue): appended in submission
+        # order, never dropped.
+        known = set(order)
+        found = [d.name for d in self.runs_dir.iterdir() if d.is_dir() and (d / "config.yaml").is_file() and d.name not in known]
+        found.sort(key=lambda r: self._submitted(r))
+        if found and path.exists():
+            log.warning("runs not in the queue file, added in submission order: %s", ", ".join(found))
+        return [r for r in order if (self.runs_dir / r).is_dir()] + found
+
+    def _submitted(self, run_id: str) -> str:
+        try:
+            return RunDir(self.runs_dir / run_id).read_summary().get("submitted_at", "")
+        except RunDirError:
+            return ""
+
+    def _save_order(self) -> None:
+        path = self.state_dir / "queue.json"
+        tmp = path.with_suffix(".json.tmp")
+        with tmp.open("w") as f:
+            json.dump({"version": 1, "order": self._order}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+
+
+class _RunsByStatus:
+    """`grpo_runs{status}`, counted from the run directories at each scrape (never stale)."""
+
+    def __init__(self, supervisor: Supervisor):
+        self.supervisor = supervisor
+
+    def collect(self):
+        counts = dict.fromkeys(STATUSES, 0)
+        for r in self.supervisor.run_ids():
+            s = self.supervisor.status(r)
+            counts[s if s in counts else "failed"] += 1
+        g = GaugeMetricFamily("grpo_runs", "Runs known to the daemon, by status.", labels=["status"])
+        for s, n in counts.items():
+            g.add_metric([s], n)
+        yield g
