@@ -187,12 +187,12 @@ def _train(args) -> int:
     signals = Signals()  # first: a signal while anything loads must still end in a message and a summary
     from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
 
+    from grpo_sentinel.service.config import SetupError
+    from grpo_sentinel.service.data import DataError
+
     run = None
     try:
         try:
-            from grpo_sentinel.service.trainer import SetupError, Trainer  # torch: after argument parsing
-            from grpo_sentinel.telemetry.traces import trace_sink
-
             if args.resume is not None:
                 if args.config is not None:
                     raise ConfigError("--resume uses the run's saved config.yaml; drop --config (use --set to change a field)")
@@ -201,6 +201,9 @@ def _train(args) -> int:
                 cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
                 run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
                 run = RunDir.new(Path(cfg.run.out_dir), run_id, cfg)
+            from grpo_sentinel.service.trainer import Trainer  # torch: only once the config is known to be good
+            from grpo_sentinel.telemetry.traces import trace_sink
+
             metrics = telemetry_sinks(cfg)
             trainer = Trainer(cfg, run, sinks=[Progress(cfg.run.steps), *metrics], traces=trace_sink(cfg.traces))
             if not trainer.open():
@@ -208,7 +211,7 @@ def _train(args) -> int:
                 return 0
             if metrics and metrics[0].prometheus_port:  # where a supervisor (the daemon) finds this run's metrics
                 run.update_summary(metrics_port=metrics[0].prometheus_port)
-        except (ConfigError, RunDirError, SetupError, ValueError, OSError) as e:
+        except (ConfigError, DataError, RunDirError, SetupError, OSError) as e:
             print(f"grpo-sentinel: {e}", file=sys.stderr)
             if run is not None:
                 run.discard()  # a failed start leaves no half-made run directory behind

@@ -23,6 +23,10 @@ class ConfigError(ValueError):
     """A config that cannot run; the message lists every problem found."""
 
 
+class SetupError(ValueError):
+    """The run cannot start as configured (found before the weights load); the message says what to fix."""
+
+
 class LoraSettings(Section):
     r: int = Field(8, gt=0, description="LoRA rank.")
     alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
@@ -202,9 +206,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {str(path)!r} is a directory: give the YAML file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: give a YAML file") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML:\n{e}") from None
         if not isinstance(raw, dict):

@@ -27,7 +27,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_sentinel.service import checkpoint
-from grpo_sentinel.service.config import DEMO, Config
+from grpo_sentinel.service.config import DEMO, Config, SetupError
 from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, fit_prompts, load_datasets
 from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
@@ -48,10 +48,6 @@ log = logging.getLogger(__name__)
 # 74 = EX_IOERR, the disk is full: free space, then --resume.
 EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
 EXIT_BAD_INPUT, EXIT_DISK = 2, 74
-
-
-class SetupError(ValueError):
-    """The run cannot start as configured (found before the weights load); the message says what to fix."""
 
 
 class DiskFull(RuntimeError):

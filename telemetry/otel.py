@@ -28,26 +28,38 @@ log = logging.getLogger(__name__)
 
 
 class _CountingExporter(MetricExporter):
-    """Wraps an exporter: failures are counted and warned about at most once a minute, never raised."""
+    """Wraps an exporter: failures are counted, never raised, and said once per change of state (the
+    SDK's own per-attempt warnings are silenced: a dead collector would print one every interval)."""
 
     def __init__(self, inner: MetricExporter, name: str, on_failure):
         super().__init__(preferred_temporality=inner._preferred_temporality,
                          preferred_aggregation=inner._preferred_aggregation)
         self.inner, self.name, self.on_failure = inner, name, on_failure
-        self._last_warning = -math.inf
+        self.failing = False
+        self.in_flight_since: float | None = None  # an export that has not returned (a collector that never answers)
+        for logger in ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "opentelemetry.exporter.otlp.proto.grpc.exporter",
+                       "opentelemetry.exporter.otlp.common.http"):
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
 
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        self.in_flight_since = time.monotonic()
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception as e:  # noqa: BLE001 - an exporter bug must not kill the reader thread
             result, why = MetricExportResult.FAILURE, repr(e)
         else:
-            why = "exporter reported failure"
+            why = "no answer, or an error answer"
+        finally:
+            self.in_flight_since = None
         if result is not MetricExportResult.SUCCESS:
             self.on_failure(self.name)
-            if time.monotonic() - self._last_warning > 60:
-                self._last_warning = time.monotonic()
-                log.warning("metrics export to %s failed (%s); training continues, failures are counted", self.name, why)
+            if not self.failing:
+                log.warning("metrics export to %s failing (%s); training continues, failures are counted in "
+                            "grpo_telemetry_export_failures_total", self.name, why)
+            self.failing = True
+        elif self.failing:
+            log.info("metrics export to %s works again", self.name)
+            self.failing = False
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -84,7 +96,7 @@ class OTelSink:
         self._worker = threading.Thread(target=self._drain, name="grpo-otel", daemon=True)
         self.provider: MeterProvider | None = None
         self.export_failures: dict[str, int] = {}
-        self._server = self._registry = None
+        self._server = self._registry = self._exporter = None
         if prometheus_addr is not None:
             from prometheus_client import CollectorRegistry, start_http_server
 
@@ -104,8 +116,8 @@ class OTelSink:
 
             readers.append(PrometheusMetricReader(registry=self._registry))
         if self.otlp is not None:
-            readers.append(PeriodicExportingMetricReader(_CountingExporter(self.otlp, "otlp", self._export_failed),
-                                                         export_interval_millis=self.export_interval_s * 1000))
+            self._exporter = _CountingExporter(self.otlp, "otlp", self._export_failed)
+            readers.append(PeriodicExportingMetricReader(self._exporter, export_interval_millis=self.export_interval_s * 1000))
         resource = Resource.create({"service.name": "grpo-sentinel", "service.instance.id": info.run_id,
                                     "grpo.run_id": info.run_id, "grpo.model": info.model,
                                     "grpo.loss_type": info.loss_type})
@@ -191,6 +203,14 @@ class OTelSink:
             # Bounded: a dead collector must not hold the exit for the exporter's full retry budget.
             self.provider.shutdown(timeout_millis=5_000)
             self.provider = None
+            stuck = self._exporter is not None and self._exporter.in_flight_since is not None
+            if stuck:
+                log.warning("metrics export to otlp still had no answer after %.0f s at shutdown: the collector accepts "
+                            "connections but does not respond; the last metrics were not delivered",
+                            time.monotonic() - self._exporter.in_flight_since)
+            dropped = DROPS.total("grpo.telemetry.dropped_steps")
+            if dropped:
+                log.warning("metrics: %d steps were not recorded (the recording queue was full)", dropped)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,9 +23,12 @@ from grpo_sentinel.service.data import DataError, read_jsonl
 FAST = ["--set", "telemetry.prometheus=false", "--set", "data.eval_size=20"]
 
 
-def train(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600):
-    return subprocess.run(cli("train", *args), capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def train(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, script: bool = False):
+    """`python -m ...cli train`, or the installed `grpo-sentinel` script (which, unlike -m, does not put
+    the working directory on the import path)."""
+    cmd = [str(Path(sys.executable).parent / "grpo-sentinel"), "train", *args] if script else cli("train", *args)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -92,7 +96,7 @@ def _reward_raises_at_import(tmp, demo):
 
 def _reward_in_cwd(tmp, demo):
     (tmp / "mine.py").write_text("def f(c, a, p):\n    return 1.0\n")
-    return ["--set", "rewards=[{name: 'mine:f'}]", "__nopythonpath__"], ["not on the import path", "PYTHONPATH=."]
+    return ["--set", "rewards=[{name: 'mine:f'}]", "__script__"], ["not on the import path", "PYTHONPATH=."]
 
 
 def _out_is_a_file(tmp, demo):
@@ -152,12 +156,12 @@ BAD = [_device, _cuda, _targets, _template_field, _template_brace, _reward_synta
 @pytest.mark.parametrize("case", BAD, ids=[c.__name__.strip("_") for c in BAD])
 def test_bad_input_is_refused_with_a_message_and_leaves_nothing_behind(case, tmp_path, demo_dir):
     args, phrases = case(tmp_path, demo_dir)
-    env = {"PYTHONPATH": str(tmp_path)}
-    if "__nopythonpath__" in args:
-        args, env = [a for a in args if a != "__nopythonpath__"], {"PYTHONPATH": ""}
+    script = "__script__" in args
+    args = [a for a in args if a != "__script__"]
     out = tmp_path / "runs"
     before = tree(tmp_path)
-    p = train("--out", str(out), "--set", "run.run_id=r", "--steps", "2", *FAST, *args, cwd=tmp_path, env=env)
+    p = train("--out", str(out), "--set", "run.run_id=r", "--steps", "2", *FAST, *args, cwd=tmp_path,
+              env={"PYTHONPATH": "" if script else str(tmp_path)}, script=script)
     refused(p, 2, *phrases)
     assert not (out / "r").exists()  # a failed start leaves no half-made run directory behind
     assert tree(tmp_path) == before
