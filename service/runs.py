@@ -106,9 +106,13 @@ class RunDir:
         except OSError as e:
             raise RunDirError(f"cannot create the run directory {path}: {e.strerror} (check --out / run.out_dir)") from None
         run = cls(path, created=True)
-        run.lock()
-        run.config_path.write_text(cfg.to_yaml())
-        run.event("created", steps=cfg.run.steps)
+        try:
+            run.lock()
+            run.config_path.write_text(cfg.to_yaml())
+            run.event("created", steps=cfg.run.steps)
+        except BaseException:  # even a signal: no half-made run directory is left behind
+            run.discard()
+            raise
         return run
 
     @classmethod
