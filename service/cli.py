@@ -173,14 +173,20 @@ class Signals:
             signal.signal(s, self)
 
     def __call__(self, signum, frame) -> None:
-        from grpo_sentinel.service.runs import Interrupted
-
         name = signal.Signals(signum).name
         self.received.append(name)
         if self.trainer is None or len(self.received) > 1:
-            raise Interrupted(("a second " if len(self.received) > 1 else "") + f"{name}: stopped at once")
+            self.check()
         log.warning("received %s: finishing the current step (send it again to stop at once)", name)
         self.trainer.request_stop(name)
+
+    def check(self) -> None:
+        """Interrupt if a signal came outside the loop. Called again at the points where loading ends:
+        the handler's exception may land inside a library's bare `except:` (an import fallback) and be lost."""
+        from grpo_sentinel.service.runs import Interrupted
+
+        if self.received and (self.trainer is None or len(self.received) > 1):
+            raise Interrupted(("a second " if len(self.received) > 1 else "") + f"{self.received[-1]}: stopped at once")
 
 
 def _train(args) -> int:
@@ -204,6 +210,8 @@ def _train(args) -> int:
             from grpo_sentinel.service.trainer import Trainer  # torch: only once the config is known to be good
             from grpo_sentinel.telemetry.traces import trace_sink
 
+            signals.check()
+
             metrics = telemetry_sinks(cfg)
             trainer = Trainer(cfg, run, sinks=[Progress(cfg.run.steps), *metrics], traces=trace_sink(cfg.traces))
             if not trainer.open():
@@ -211,6 +219,7 @@ def _train(args) -> int:
                 return 0
             if metrics and metrics[0].prometheus_port:  # where a supervisor (the daemon) finds this run's metrics
                 run.update_summary(metrics_port=metrics[0].prometheus_port)
+            signals.check()
         except (ConfigError, DataError, RunDirError, SetupError, OSError) as e:
             print(f"grpo-sentinel: {e}", file=sys.stderr)
             if run is not None:
@@ -221,8 +230,7 @@ def _train(args) -> int:
     except Interrupted as e:
         if run is None:
             print(f"grpo-sentinel: {e} before any run was created", file=sys.stderr)
-        elif run.created and not (run.path / "steps.csv").exists():
-            run.discard()
+        elif run.discard():
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         else:
             run.update_summary(status="preempted", reason=str(e))  # the loop, if it ran, wrote its own summary first

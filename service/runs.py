@@ -101,11 +101,12 @@ class RunDir:
             raise RunDirError(f"{path} exists and is not a directory: pick another run.run_id or --out")
         if (path / "config.yaml").exists():
             raise RunDirError(f"run directory {path} already exists: pick another run.run_id, or --resume it")
+        existed = path.is_dir()
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"cannot create the run directory {path}: {e.strerror} (check --out / run.out_dir)") from None
-        run = cls(path, created=True)
+        run = cls(path, created=not existed)
         try:
             run.lock()
             run.config_path.write_text(cfg.to_yaml())
@@ -148,11 +149,16 @@ class RunDir:
             run.event("config_changed", changes={k: list(v) for k, v in changes.items()})
         return run, cfg
 
-    def discard(self) -> None:
-        """Undo a start that failed before the run recorded anything (only a directory this process made)."""
-        if self.created and not (self.path / "steps.csv").exists() and not (self.path / "checkpoints").exists():
-            self.unlock()
-            shutil.rmtree(self.path, ignore_errors=True)
+    def discard(self) -> bool:
+        """Undo a start that ended before the run trained a step (only a directory this process made)."""
+        steps = self.path / "steps.csv"
+        trained = (steps.is_file() and steps.read_text(errors="replace").count("\n") > 1) or \
+            any((self.path / "checkpoints").glob("step-*"))
+        if not self.created or trained:
+            return False
+        self.unlock()
+        shutil.rmtree(self.path, ignore_errors=True)
+        return True
 
     # -- files ---------------------------------------------------------------------------------
 
