@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from grpo_sentinel.service.config import ConfigError, load_config
+from grpo_sentinel.telemetry.health import commands as health_cli
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger("grpo_sentinel")
@@ -63,23 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--out", help="parent folder of run directories (run.out_dir)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint")
     diag = sub.add_parser("diagnose", help="read a run log against the health table")
-    diag.add_argument("path", type=Path, help="steps.csv, reward-vs-step.csv, a run directory, a book CSV or a TRL trainer_state.json")
-    diag.add_argument("--format", default="auto", choices=["auto", "sentinel", "book", "trl"])
-    diag.add_argument("--json", action="store_true", help="print {conditions, summary, not_assessable, notes} as JSON, nothing else")
+    diag.add_argument("path", type=Path, help="steps.csv, reward-vs-step.csv, a run directory, a book CSV, a TRL "
+                                              "trainer_state.json or a verl/OpenRLHF JSONL metrics log")
+    diag.add_argument("--format", default="auto", choices=health_cli.FORMATS)
+    diag.add_argument("--json", action="store_true", help="print {conditions, lead, summary, not_assessable, notes} as JSON, nothing else")
     diag.add_argument("--report", type=Path, metavar="FILE.md", help="write the markdown monitoring report")
     diag.add_argument("--plot", type=Path, metavar="FILE.png", help="write a PNG of the curves with condition windows shaded")
-    diag.add_argument("--window", type=int, help="detector window in steps (default: the run's health.window, else "
-                                                 "~400 completions when the log says G and prompts per step, as the "
-                                                 "trainer does; else 20)")
-    diag.add_argument("--max-new-tokens", type=int, help="completion cap, if the log does not say (for length_pathology)")
-    diag.add_argument("--vocab-size", type=int, help="V, if the log does not say (entropy ceiling ln V)")
-    diag.add_argument("--eval-n", type=int, help="held-out set size, if the log does not say (accuracy noise)")
+    diag.add_argument("--window", type=health_cli.whole_number(2, "detector window in steps"),
+                      help="detector window in steps (default: the run's health.window, else "
+                           "~400 completions when the log says G and prompts per step, as the "
+                           "trainer does; else 20)")
+    diag.add_argument("--max-new-tokens", type=health_cli.whole_number(1, "the completion cap"),
+                      help="completion cap, if the log does not say (for length_pathology)")
+    diag.add_argument("--vocab-size", type=health_cli.whole_number(2, "V, the entropy ceiling is ln V"),
+                      help="V, if the log does not say (entropy ceiling ln V)")
+    diag.add_argument("--eval-n", type=health_cli.whole_number(1, "held-out set size"),
+                      help="held-out set size, if the log does not say (accuracy noise)")
     rules = sub.add_parser("rules", help="print the Prometheus alert rules (deploy/prometheus/grpo-rules.yml) with "
                                          "your windows and thresholds")
     rules.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
                        help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
-                            "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), or any "
-                            "detector threshold, e.g. kl_bound=0.5 (repeatable)")
+                            "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), "
+                            "group_by=job,instance,run_id (the labels every rule aggregates by), or any "
+                            "detector threshold, e.g. kl_bound=0.5 (repeatable; each is checked against its domain)")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
     serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="API address (default 127.0.0.1:8000; beyond loopback "
@@ -120,45 +127,11 @@ def telemetry_sinks(cfg) -> list:
 
 
 def _diagnose(args) -> int:
-    import json
-    import math
-
-    from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
-    from grpo_sentinel.telemetry.health.ingest import IngestError, load
-    from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text
-
-    try:
-        log = load(args.path, args.format)
-    except (IngestError, OSError) as e:
-        print(f"grpo-sentinel diagnose: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
-    log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
-    log.eval_n = args.eval_n or log.eval_n
-    th = Thresholds(window=args.window or log.window or auto_window(log.completions_per_step))
-    result = diagnose(log, th)
-    if args.report:
-        args.report.write_text(to_markdown(result, log, th))
-    if args.plot:
-        try:
-            plot(result, log, th, args.plot)
-        except RuntimeError as e:
-            print(f"grpo-sentinel diagnose: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    print(json.dumps(to_json(result, log, th), indent=1) if args.json else to_text(result, log, th))
-    return 0
+    return health_cli.diagnose_command(args)
 
 
 def _rules(args) -> int:
-    from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
-
-    try:
-        params = with_settings(RuleParams(), args.settings)
-    except ValueError as e:
-        print(f"grpo-sentinel rules: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    print(render(params), end="")
-    return 0
+    return health_cli.rules_command(args.settings)
 
 
 class Signals:

@@ -22,11 +22,14 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grpo_sentinel.telemetry.health.table import BY_ID
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-RUN = 'job=~"$job", instance=~"$instance"'  # every query's selector: the run chosen above
+# Every query's selector: the run chosen above. Every exported series carries the run id as its
+# run_id label, so consecutive runs of one trainer (the daemon runs many on one pod) never mix, and a
+# resumed run that came back on another pod is still one run: no instance selector is needed.
+RUN = 'job=~"$job", run_id="$run"'
 
-# Where the Langfuse traces of a run and step open (the trace exporter tags each generation with
-# run id and step). The slot is filled by the `langfuse_url` variable; empty hides nothing.
-LANGFUSE = "${langfuse_url}/traces?search=${run:percentencode}&from=${__value.time}"
+# Where the run's generations open in Langfuse: the trace exporter uses the run id as the Langfuse
+# session id, so the session page lists every traced generation of the run.
+LANGFUSE = "${langfuse_url}/project/${langfuse_project}/sessions/${run:percentencode}"
 
 
 def _q(expr: str, legend: str = "", fmt: PromQueryFormat | None = None) -> prometheus.Dataquery:
@@ -54,7 +57,7 @@ def _timeseries(title: str, description: str, targets: list, unit: str = "none",
          .legend(cb.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
                  .placement(common.LegendPlacement.BOTTOM))
          .tooltip(cb.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.NONE))
-         .data_links([db.DashboardLink("Generations of run ${run} at this time in Langfuse").url(LANGFUSE)]))
+         .data_links([db.DashboardLink("Generations of run ${run} in Langfuse (its session)").url(LANGFUSE)]))
     if lo is not None:
         p = p.min(lo)
     if hi is not None:
@@ -188,21 +191,19 @@ def panels() -> list[tuple[str, list]]:
 
 
 def variables() -> list:
-    label = 'label_values(target_info{job=~"$job"}, grpo_run_id)'
     return [
         db.DatasourceVariable("datasource").label("Prometheus").type("prometheus"),
         db.QueryVariable("job").label("Job").datasource(DS).query("label_values(target_info{service_name=\"grpo-sentinel\"}, job)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
-        db.QueryVariable("run").label("Run").datasource(DS).query(label).refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .description("The run id (grpo.run_id); the trainer it ran on is the hidden `instance`."),
-        # Every trainer the run was on (a resumed run may come back on another pod): all of them.
-        db.QueryVariable("instance").datasource(DS).query('label_values(target_info{job=~"$job", grpo_run_id="$run"}, instance)')
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).hide(dm.VariableHide.HIDE_VARIABLE)
-        .multi(True).include_all(True).current(dm.VariableOption(text="All", value="$__all", selected=True)),
+        db.QueryVariable("run").label("Run").datasource(DS).query('label_values(grpo_step{job=~"$job"}, run_id)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .description("The run id (grpo.run_id, the run_id label of every series): one run, on whichever trainers it ran."),
         db.CustomVariable("window").label("Moving average").values("5m,1m,2m,10m,30m,1h")
         .description("Window of the moving means; 5m is the alert rules' default window."),
         db.TextBoxVariable("langfuse_url").label("Langfuse").default_value("http://langfuse:3000")
         .description("Base URL of the Langfuse the trainer sends generations to (panel data links open there)."),
+        db.TextBoxVariable("langfuse_project").label("Langfuse project").default_value("grpo-sentinel")
+        .description("Langfuse project id: the data links open the run's session (session id = run id) in it."),
     ]
 
 

@@ -43,13 +43,19 @@ def summarize(xs: Sequence[float]) -> dict[str, float]:
 
 
 def _window_sums(x: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing-window sums of the finite values and their counts; [N] each (window shorter at the start)."""
+    """Trailing-window sums of the finite values and their counts; [N] each (window shorter at the start).
+    Differences of one cumulative sum, by slicing (no fancy indexing: a million steps in ~10 ms)."""
+    n, w = len(x), max(int(w), 1)
     ok = np.isfinite(x)
-    c = np.concatenate([[0.0], np.cumsum(np.where(ok, x, 0.0))])
-    k = np.concatenate([[0], np.cumsum(ok)])
-    i = np.arange(1, len(x) + 1)
-    lo = np.maximum(i - w, 0)
-    return c[i] - c[lo], (k[i] - k[lo]).astype(float)
+    c = np.zeros(n + 1)
+    np.cumsum(np.where(ok, x, 0.0), out=c[1:])
+    k = np.zeros(n + 1)
+    np.cumsum(ok, out=k[1:])
+    s, cnt = c[1:].copy(), k[1:].copy()
+    if n > w:
+        s[w:] -= c[1 : n - w + 1]
+        cnt[w:] -= k[1 : n - w + 1]
+    return s, cnt
 
 
 def moving_average(x: np.ndarray, w: int) -> np.ndarray:
@@ -80,3 +86,36 @@ def slope(y: Sequence[float], x: Sequence[float] | None = None) -> float:
     dx = x - x.mean()
     denom = (dx * dx).sum()
     return float((dx * (y - y.mean())).sum() / denom) if denom > 0 else math.nan
+
+
+def cusum(increments: np.ndarray, s0: float = 0.0) -> np.ndarray:
+    """One-sided CUSUM S_t = max(0, S_{t-1} + x_t) from S_{-1} = s0, vectorised (NaN increments count 0).
+
+    The Lindley recursion has the closed form S_t = C_t - min(-s0, min_{j<=t} C_j) with C the
+    cumulative sum, so a million steps cost one cumsum and one running minimum; `s0` carries the
+    statistic across chunks (the online monitor evaluates one step at a time with it)."""
+    c = np.cumsum(np.where(np.isfinite(increments), increments, 0.0))
+    if not len(c):
+        return c
+    return c - np.minimum(np.minimum.accumulate(c), -s0)
+
+
+def cusum_arl0(k: float, h: float) -> float:
+    """Siegmund's approximation of a Gaussian CUSUM's in-control average run length (steps between
+    false alarms) for allowance k and threshold h, both in standard deviations:
+    ARL0 = (exp(2kb) - 2kb - 1) / (2k^2), b = h + 1.166. k = 0.5, h = 8 -> ~19,000 steps."""
+    b = h + 1.166
+    return (math.exp(2 * k * b) - 2 * k * b - 1) / (2 * k * k)
+
+
+def diff_noise(x: np.ndarray) -> float:
+    """Per-step noise sd of a series with a slow trend: 1.4826 * MAD of its first differences / sqrt 2
+    (a difference of two independent draws has sd sigma * sqrt 2; the trend cancels). NaN if < 3 values."""
+    v = x[np.isfinite(x)]
+    if len(v) < 3:
+        return math.nan
+    d = np.diff(v)
+    mad = float(np.median(np.abs(d - np.median(d))))
+    # A discrete series (a 0/1 outcome, a share of few groups) often repeats its value, and its MAD
+    # is then 0: fall back to the plain sd of the differences (sqrt(q(1-q)) for a Bernoulli(q) series).
+    return 1.4826 * mad / math.sqrt(2) if mad > 0 else float(np.std(d, ddof=1) / math.sqrt(2))

@@ -43,7 +43,8 @@ def test_every_alert_of_the_rules_reaches_the_receiver_its_severity_asks_for(amt
 
 def test_grouped_by_run_and_no_secret_in_the_file():
     cfg = yaml.safe_load(EXAMPLE.read_text())
-    assert cfg["route"]["group_by"] == ["job", "instance"]
+    assert cfg["route"]["group_by"] == ["job", "instance", "run_id"]
+    assert all(rule["equal"] == ["job", "instance", "run_id"] for rule in cfg["inhibit_rules"])
     for receiver in cfg["receivers"]:
         for kind, configs in receiver.items():
             for c in configs if isinstance(configs, list) else []:
@@ -63,18 +64,19 @@ class Webhook(BaseHTTPRequestHandler):
         pass
 
 
-def _alert(name: str, instance: str) -> dict:
-    """An alert as Prometheus would send it: the labels and annotations of our rule."""
+def _alert(name: str, run: str, instance: str = "10.0.0.7:9464") -> dict:
+    """An alert as Prometheus would send it: the labels and annotations of our rule, for one run."""
     rule = next(r for g in rules.rules()["groups"] for r in g["rules"] if r.get("alert") == name)
-    labels = {**rule["labels"], "alertname": name, "job": "grpo", "instance": instance}
+    labels = {**rule["labels"], "alertname": name, "job": "grpo", "instance": instance, "run_id": run}
     return {"labels": labels, "annotations": {k: v.replace("{{ $labels.instance }}", instance)
                                               for k, v in rule["annotations"].items()}}
 
 
 def test_a_real_alertmanager_pages_once_per_run_and_inhibits_its_warnings(tmp_path):
     """The example's routes and inhibitions in a real Alertmanager; only the receivers are swapped
-    for local webhooks and the group waits shortened. Run a collapses (two criticals and a warning),
-    run b only lost its signal (a warning)."""
+    for local webhooks and the group waits shortened. Runs a and b ran one after the other on the same
+    trainer (same job and instance): run a collapses (two criticals and a warning), run b only lost its
+    signal (a warning), which a's criticals must not inhibit."""
     binary = installed("prometheus-alertmanager", "prometheus-alertmanager")  # Debian names the binary so
     Webhook.received = []
     server = HTTPServer(("127.0.0.1", 0), Webhook)
@@ -101,7 +103,7 @@ def test_a_real_alertmanager_pages_once_per_run_and_inhibits_its_warnings(tmp_pa
         proc.terminate()
         proc.wait(timeout=30)
         server.shutdown()
-    sent = sorted((path, body["groupLabels"]["instance"], sorted(a["labels"]["alertname"] for a in body["alerts"]))
+    sent = sorted((path, body["groupLabels"]["run_id"], sorted(a["labels"]["alertname"] for a in body["alerts"]))
                   for path, body in Webhook.received)
     # One notification per run and receiver; run a's health warning is inhibited by its critical
     # conditions, its operational warning is not.

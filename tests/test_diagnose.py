@@ -9,7 +9,7 @@ import pytest
 
 import zoo
 from conftest import cli, new_run
-from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.health.detectors import diagnose, lead_time
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.table import BY_ID
 
@@ -31,30 +31,65 @@ def test_zoo(gen, seed):
         assert (c.cause, c.action) == (BY_ID[c.id].cause, BY_ID[c.id].action)
 
 
-@pytest.mark.parametrize("gen", [g for g in zoo.ZOO if g is not zoo.healthy and g is not zoo.nonfinite],
+@pytest.mark.parametrize("gen", [g for g in zoo.ZOO if g not in zoo.HEALTHY and g not in zoo.FROM_START],
                          ids=lambda g: g.__name__)
 def test_zoo_pathologies_fire_after_their_onset(gen):
     must, _ = zoo.ZOO[gen]
     firsts = {c.id: c.first_step for c in diagnose(zoo.make(gen, 0)).conditions if c.id in must}
-    if gen not in (zoo.reward_saturated, zoo.plateau_kl_flat, zoo.plateau_small_group, zoo.plateau_grader_loose):
-        # (those are there from the start)
-        assert all(step >= zoo.ONSET - 5 for step in firsts.values()), firsts
+    assert all(step >= zoo.ONSET - 5 for step in firsts.values()), firsts
+
+
+@pytest.mark.parametrize("gen", zoo.HEALTHY, ids=lambda g: g.__name__)
+def test_no_critical_page_on_300_healthy_runs(gen):
+    """The false-page budget: not one critical verdict on 300 simulated healthy runs (with and
+    without an auxiliary format reward); warnings stay rare (fewer than 1 per 10,000 steps)."""
+    critical, warnings = [], 0
+    for seed in range(300):
+        for c in diagnose(zoo.make(gen, seed)).conditions:
+            if c.severity == "critical":
+                critical.append((seed, c.id, c.first_step))
+            warnings += c.severity == "warning"
+    assert not critical, critical
+    assert warnings <= 300 * zoo.N / 10_000, warnings
+
+
+@pytest.mark.parametrize("gen", [zoo.loss_blowup, zoo.kl_acceleration, zoo.entropy_drift, zoo.length_drift,
+                                 zoo.format_hacking], ids=lambda g: g.__name__)
+def test_slow_pathologies_are_warned_before_the_damage(gen):
+    """Their damage (noise-free held-out accuracy 10 % below its peak) comes tens of steps after the
+    onset: the leading indicator warns before it (median over 10 seeds at least 10 steps ahead;
+    no seed more than 10 steps late) and never before the onset."""
+    leads = []
+    for seed in range(10):
+        onset, damage = zoo.truth(gen, seed)
+        lead = lead_time(diagnose(log := zoo.make(gen, seed)), log)
+        assert damage is not None and lead.first_warning is not None, (seed, lead)
+        assert lead.first_warning >= onset - 5, (seed, lead)
+        leads.append(damage - lead.first_warning)
+    assert np.median(leads) >= 10 and min(leads) >= -10, leads
 
 
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
     on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,
     once the two-point mean is 3.5 SE below its peak (44.8 % -> 35.8 % at step 450).
-    Its loss goes from single digits to thousands after step ~230: loss_spike."""
+    Its loss goes from single digits to thousands after step ~230: loss_spike; and before that its
+    |loss| leaves its early range on update after update: loss_blowup, critical, before the damage
+    (held-out accuracy 10 % below its peak at the step-250 evaluation)."""
     log = load(PLAIN)
     log.eval_n = 500
-    found = diagnose(log).conditions
+    diag = diagnose(log)
+    found = diag.conditions
     late = [c for c in found if c.id == "late_degradation"]
     assert late and late[0].severity == "critical" and 250 <= late[0].first_step <= 450
     spikes = [c for c in found if c.id == "loss_spike"]
     assert any(c.first_step <= 260 and c.last_step >= 400 for c in spikes)
-    assert {c.id for c in found if c.severity == "critical"} == {"late_degradation"}
+    assert {c.id for c in found if c.severity == "critical"} == {"late_degradation", "loss_blowup"}
+    lead = lead_time(diag, log)
+    assert (lead.damage_step, lead.critical) == (250, "loss_blowup")
+    assert lead.lead >= 20 and lead.first_warning < lead.first_critical, lead  # a warning that leads, then the page
     assert "sample_acc looked like a percentage (max > 1): divided by 100" in log.notes
+    assert any("max_new_tokens = 1024" in n for n in log.notes)  # the cap, from lengths piling up at 1024
 
 
 def test_clipped_book_run_is_stable_but_often_without_signal():

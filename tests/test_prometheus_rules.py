@@ -60,7 +60,10 @@ def test_rules_cli_writes_a_variant_and_rejects_bad_settings(tmp_path, promtool)
     (tmp_path / "r.yml").write_text(p.stdout)
     assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
     for bad, says in (("klbound=1", "unknown rule setting 'klbound'; known: window"), ("window=5x", "not a positive duration"), ("window=0", "not a positive duration"),
-                      ("kl_bound=high", "not a number"), ("nonfinite_run=2.5", "not a whole number"), ("kl_bound", "NAME=VALUE")):
+                      ("kl_bound=high", "not a number"), ("nonfinite_run=2.5", "not a whole number"), ("kl_bound", "NAME=VALUE"),
+                      ("kl_bound=-1", "kl_bound must be > 0"), ("max_reward=0", "max_reward must be > 0"),
+                      ("saturated=1.5", "in (0, 1]"), ("kl_accel=1", "a number > 1"), ("kl_bound=nan", "not a number"),
+                      ("group_by=", "comma-separated label names"), ("group_by=job,in stance", "comma-separated label names")):
         p = subprocess.run(cli("rules", "--set", bad), capture_output=True, text=True)
         assert p.returncode == 2 and says in p.stderr and not p.stdout, (bad, p.stderr)
 
@@ -94,7 +97,7 @@ def test_runbook_is_generated_from_the_table():
         "run: python -m grpo_sentinel.telemetry.health.runbook > docs/runbook.md"
 
 
-GRAFANA_VARS = {"$job": "grpo", "$instance": ".*", "$window": "5m", "$__rate_interval": "1m", "$__range": "1h"}
+GRAFANA_VARS = {"$job": "grpo", "$run": "r", "$window": "5m", "$__rate_interval": "1m", "$__range": "1h"}
 
 
 def grafana_to_promql(expr: str) -> str:
@@ -136,9 +139,13 @@ def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promto
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
     panels = [p for p in board["panels"] if p["type"] != "row"]
     assert all(p.get("description") for p in panels), [p["title"] for p in panels if not p.get("description")]
-    assert {v["name"] for v in board["templating"]["list"]} >= {"datasource", "run", "instance", "window", "langfuse_url"}
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) >= {"datasource", "job", "run", "window", "langfuse_url", "langfuse_project"}
+    # The run is the run_id label every series carries; every query selects it (runs on one pod never mix).
+    assert variables["run"]["query"] == 'label_values(grpo_step{job=~"$job"}, run_id)'
+    assert all('run_id="$run"' in e for _, e in qs), [e for _, e in qs if 'run_id="$run"' not in e]
     links = [link["url"] for p in panels for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])]
-    assert links and all(u.startswith("${langfuse_url}") and "${run:percentencode}" in u for u in links)
+    assert links and set(links) == {"${langfuse_url}/project/${langfuse_project}/sessions/${run:percentencode}"}
     kinds = {p["type"] for p in panels}
     assert {"timeseries", "heatmap", "state-timeline", "stat"} <= kinds
 
@@ -156,17 +163,32 @@ def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
     drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
     case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
-        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464"}', "values": "0.05x5"},
-                         {"series": 'target_info{job="grpo",instance="10.0.0.7:9464",grpo_run_id="run 7"}', "values": "1x5"}],
+        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464",run_id="run 7"}', "values": "0.05x5"}],
         "alert_rule_test": [{"eval_time": "2m", "alertname": "GRPOAdvMeanDrift", "exp_alerts": [{
-            "exp_labels": {"severity": "critical", "condition": "adv_mean_drift", "job": "grpo", "instance": "10.0.0.7:9464"},
+            "exp_labels": {"severity": "critical", "condition": "adv_mean_drift", "job": "grpo", "instance": "10.0.0.7:9464",
+                           "run_id": "run 7"},
             "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
                                    for k, v in drift["annotations"].items()},
-                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7"
-                                                 "&var-instance=10.0.0.7%3A9464"},
+                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7"},
         }]}],
     }]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     p = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dashboard_url" not in RULES.read_text()  # the default rendering has no Grafana to link
+
+
+def test_group_by_is_one_setting_used_by_every_rule(tmp_path, promtool):
+    """kubernetes-mixin style: the labels every rule aggregates by are RuleParams.group_by (default
+    job, instance, run_id), settable with `rules --set group_by=...`; no rule hard-codes them."""
+    default = rulegen.render()
+    assert "by (job, instance)" not in default and default.count("by (job, instance, run_id)") > 40
+    p = subprocess.run(cli("rules", "--set", "group_by=cluster,job,run_id"), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "by (cluster, job, run_id)" in p.stdout and "instance)" not in p.stdout.replace("by (cluster, job, run_id)", "")
+    (tmp_path / "r.yml").write_text(p.stdout)
+    assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
+    # Without run_id among them, the dashboard link looks the run up in target_info when it fires.
+    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://g", "group_by=job,instance"])
+    url = rulegen.rules(params)["groups"][1]["rules"][0]["annotations"]["dashboard_url"]
+    assert "target_info" in url and "$labels.run_id" not in url

@@ -3,8 +3,10 @@ step per 15 s scrape, is fed to `promtool test rules`; for every row PromQL can 
 that ever fire are exactly the conditions the offline diagnosis reports.
 
 At 15 s a step the default 5 min window is the detectors' default 20 steps, so the rules are the
-committed defaults except `for:` (a paging delay, not part of a condition), which is 0 here. The
-entropy baseline the trainer exports (`grpo_entropy_baseline`) is the diagnosis's own.
+committed defaults except `for:` (a paging delay, not part of a condition), which is 0 here, and
+`max_reward`, which is each scenario's own (a format reward makes it 2). The entropy baseline the
+trainer exports (`grpo_entropy_baseline`) is the diagnosis's own. Every series carries its run's
+run_id, as the exporter writes it.
 """
 
 import subprocess
@@ -16,6 +18,7 @@ import zoo
 from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
+from grpo_sentinel.telemetry.health.table import TABLE
 
 STEP_S = 15
 COMPLETIONS = zoo.P * zoo.G  # per step, every scenario
@@ -29,7 +32,7 @@ def _values(x: np.ndarray) -> str:
     return " ".join("_" if i < 0 else f"{x[i]:.6g}" for i in last)
 
 
-def input_series(log: RunLog, entropy_baseline: float) -> list[dict]:
+def input_series(log: RunLog, entropy_baseline: float, run_id: str = "zoo") -> list[dict]:
     """What the trainer's /metrics would show, scraped once per step."""
     s, n, g = log.series, len(log), log.group_size
     acc = s["train_acc"]
@@ -49,7 +52,7 @@ def input_series(log: RunLog, entropy_baseline: float) -> list[dict]:
     series = []
     for name, values in out.items():
         metric, _, labels = name.partition("{")
-        labels = ('job="grpo",instance="zoo",' + labels.rstrip("}")).rstrip(",")
+        labels = (f'job="grpo",instance="zoo",run_id="{run_id}",' + labels.rstrip("}")).rstrip(",")
         series.append({"series": f"{metric}{{{labels}}}", "values": _values(np.asarray(values, dtype=float))})
     return series
 
@@ -58,18 +61,17 @@ CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
 
 
 def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
-    (tmp_path / "rules.yml").write_text(render(RuleParams(window=Thresholds().window * STEP_S, pending=0)))
-    tests, expected_any = [], set()
+    tests, expected_any = {}, set()
     for gen, seed in CASES:
         log = zoo.make(gen, seed)
         diagnosis = diagnose(log)
         found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
         expected_any |= found
         end = (len(log) - 1) * STEP_S
-        tests.append({
+        tests.setdefault(log.max_reward, []).append({
             "name": f"{gen.__name__} seed {seed}: diagnose reports {sorted(found) or 'nothing'}",
             "interval": f"{STEP_S}s",
-            "input_series": input_series(log, diagnosis.entropy_baseline),
+            "input_series": input_series(log, diagnosis.entropy_baseline, f"{gen.__name__}-{seed}"),
             "promql_expr_test": [{
                 "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
                 "eval_time": f"{end}s",
@@ -77,14 +79,19 @@ def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
             }],
         })
     runs = []
-    for half in (0, 1):  # two promtool processes: one per core
-        name = f"agreement-{half}.test.yml"
-        (tmp_path / name).write_text(yaml.safe_dump(
-            {"rule_files": ["rules.yml"], "evaluation_interval": f"{STEP_S}s", "tests": tests[half::2]}, width=1 << 20))
-        runs.append(subprocess.Popen([promtool, "test", "rules", name], cwd=tmp_path, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for max_reward, cases in tests.items():
+        rules = f"rules-{max_reward:g}.yml"
+        (tmp_path / rules).write_text(render(RuleParams(window=Thresholds().window * STEP_S, pending=0, max_reward=max_reward)))
+        for half in (0, 1):  # two promtool processes per rules file: the machine has two cores
+            name = f"agreement-{max_reward:g}-{half}.test.yml"
+            (tmp_path / name).write_text(yaml.safe_dump(
+                {"rule_files": [rules], "evaluation_interval": f"{STEP_S}s", "tests": cases[half::2]}, width=1 << 20))
+            runs.append(subprocess.Popen([promtool, "test", "rules", name], cwd=tmp_path, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for run in runs:
         out = run.communicate()[0]
         assert run.returncode == 0, out[-20000:]
     # The comparison covers the PromQL rows, not just the quiet ones.
-    assert len(expected_any) == 14, expected_any  # every PromQL row fires somewhere in the zoo
+    promql_rows = {r.id for r in TABLE} - set(TRAINER_SIDE)
+    assert expected_any == promql_rows, promql_rows - expected_any  # every PromQL row fires somewhere in the zoo
+    assert len(promql_rows) == 15

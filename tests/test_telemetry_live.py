@@ -106,8 +106,9 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     # the variables resolved the way the dashboard's own variable queries resolve them).
     board = dashboard.build()
     run_var = next(v for v in board["templating"]["list"] if v["name"] == "run")["query"]
-    assert run_var.startswith("label_values(target_info")  # its values: the grpo_run_id label, "r" above
-    grafana = {"$job": "grpo", "$instance": f"127.0.0.1:{target}", "$window": "2s", "$__rate_interval": "1s", "$__range": "1m"}
+    assert run_var == 'label_values(grpo_step{job=~"$job"}, run_id)'  # its values: the run_id label, "r" above
+    assert query('count by (run_id) (grpo_step{job="grpo"})')[0]["metric"]["run_id"] == "r"
+    grafana = {"$job": "grpo", "$run": "r", "$window": "2s", "$__rate_interval": "1s", "$__range": "1m"}
     empty = []
     for title, expr in dashboard.queries(board):
         for var, value in grafana.items():

@@ -2,6 +2,12 @@
 each must (and must not) raise. Noise is sampled the way a real run samples it: per-step
 rewards are Binomial(B, p) / B, a group has no signal with probability p^G + (1-p)^G, held-out
 accuracy is Binomial(n, p) / n.
+
+Each run also knows its truth: the noise-free held-out accuracy (`_acc_true`), so its damage step
+(the first step where that accuracy is 10 % below its running peak) is known, and its onset
+(ONSET, or 0 for the conditions present from the start): `truth(gen)`. The slow pathologies
+(loss_blowup, kl_acceleration, entropy_drift, length_drift, format_hacking) start quietly at the
+onset and only damage the accuracy tens of steps later: what lead time is measured on.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ def _healthy(rng: np.random.Generator, p: np.ndarray | None = None) -> dict[str,
         "frac_zero_std": zero_correct + zero_wrong, "frac_zero_std_correct": zero_correct, "frac_zero_std_wrong": zero_wrong,
         "response_len": 3.5 + 0.1 * rng.standard_normal(N), "response_len_correct": 3.4 + 0.1 * rng.standard_normal(N),
         "response_len_wrong": 3.6 + 0.1 * rng.standard_normal(N), "truncation_rate": np.zeros(N),
-        "sample_acc": acc, "_nonfinite": np.zeros(N), "_p": p, "_zero_p": zero_p,
+        "sample_acc": acc, "_nonfinite": np.zeros(N), "_p": p, "_zero_p": zero_p, "_acc_true": p * 0.9,
     }
 
 
@@ -55,8 +61,18 @@ def _drop(a: float, b: float, over: int = 30) -> np.ndarray:
 
 def _with_p(rng, p: np.ndarray, acc_scale: float | np.ndarray = 0.9) -> dict[str, np.ndarray]:
     s = _healthy(rng, p)
-    s["sample_acc"][EVERY - 1 :: EVERY] = rng.binomial(EVAL_N, np.clip(p * acc_scale, 0, 1)[EVERY - 1 :: EVERY]) / EVAL_N
+    s["_acc_true"] = np.clip(p * acc_scale, 0, 1)
+    s["sample_acc"][EVERY - 1 :: EVERY] = rng.binomial(EVAL_N, s["_acc_true"][EVERY - 1 :: EVERY]) / EVAL_N
     return s
+
+
+def _decline(a: float, b: float, delay: int) -> np.ndarray:
+    """The healthy rise up to ONSET + delay, then linearly down to b: damage follows an onset `delay` steps later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    start = ONSET + delay
+    p[start:] = np.linspace(p[start], b, N - start)
+    return p
 
 
 def healthy(rng):
@@ -169,6 +185,68 @@ def kl_only_learning(rng):
     return s
 
 
+def healthy_format(rng):
+    """Healthy, with an auxiliary format reward (~0.9, steady): the combined reward exceeds 1."""
+    s = _healthy(rng)
+    fmt = rng.binomial(P * G, 0.9, N) / (P * G)
+    s.update(reward_correct=s["reward"].copy(), reward_format=fmt, reward=s["reward"] + fmt)
+    return s
+
+
+def loss_blowup(rng):
+    """The update blows up from the onset: |loss| grows tenfold every ~30 steps (heavy-tailed, as a
+    GRPO loss is); 40 steps later the reward and the accuracy start to fall."""
+    s = _with_p(rng, _decline(0.6, 0.15, 40))
+    t = np.arange(N)
+    grow = np.where(t >= ONSET, 0.002 * np.exp((t - ONSET) / 13.0), 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    return s
+
+
+def kl_acceleration(rng):
+    """KL grows exponentially from the onset (doubling every ~10 steps from 0.005); the reward falls
+    once it is large."""
+    s = _with_p(rng, _decline(0.6, 0.15, 50))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.005 * np.exp((t - ONSET) / 15.0), 0.0)
+    return s
+
+
+def entropy_drift(rng):
+    """Entropy drifts up slowly from the onset while the reward is flat; the accuracy falls later."""
+    p = np.full(N, 0.45)
+    p[ONSET + 50 :] = np.linspace(0.45, 0.2, N - ONSET - 50)
+    s = _with_p(rng, p)
+    s["entropy"] = _ramp(0.6, 1.5) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def length_drift(rng):
+    """Completions drift toward the cap from the onset, more of them capped; wrong ones (cut
+    answers) follow, and the accuracy falls once most are cut."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    s["response_len"] = _ramp(3.5, 0.95 * MAX_NEW) + 0.1 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, np.clip(_ramp(0.0, 0.85), 0, 1)) / (P * G)
+    return s
+
+
+def format_hacking(rng):
+    """A format reward that can be gamed: from the onset it rises to its maximum while the verifier's
+    acceptance of the same training samples falls; the combined reward holds, so the reward alone
+    looks healthy. The held-out accuracy falls with the training correctness, a little later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    p[ONSET:] = np.linspace(p[ONSET], 0.25, N - ONSET)
+    lag = np.concatenate([np.full(30, p[0]), p[:-30]])  # held-out sees it ~30 steps later
+    s = _with_p(rng, lag)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, np.clip(_ramp(0.6, 1.0), 0, 1)) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
+    return s
+
+
 # generator -> (conditions that must fire, conditions that must not)
 ZOO = {
     healthy: (set(), {"critical"}),
@@ -189,12 +267,34 @@ ZOO = {
     plateau_small_group: ({"plateau_small_group"}, {"critical"}),
     plateau_grader_loose: ({"plateau_grader_loose"}, {"critical"}),
     kl_only_learning: ({"kl_only_learning"}, {"critical"}),
+    healthy_format: (set(), {"critical", "correctness_drop"}),
+    loss_blowup: ({"loss_blowup"}, set()),
+    kl_acceleration: ({"kl_acceleration"}, set()),
+    entropy_drift: ({"entropy_drift"}, set()),
+    length_drift: ({"length_drift"}, set()),
+    format_hacking: ({"correctness_drop", "reward_hacking"}, set()),
 }
+HEALTHY = (healthy, healthy_format)
+FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose)  # no onset: there all along
+
+
+def truth(gen, seed: int = 0) -> tuple[int | None, int | None]:
+    """(onset step, damage step) of a generator's run: the damage is the first step where the
+    noise-free held-out accuracy is 10 % below its running peak (None if it never is)."""
+    s = gen(np.random.default_rng(seed))
+    acc = s["_acc_true"]
+    peak = np.maximum.accumulate(acc)
+    hit = np.flatnonzero(acc < 0.9 * peak)
+    onset = None if gen in HEALTHY else 0 if gen in FROM_START else ONSET
+    return onset, (int(s["step"][hit[0]]) if len(hit) else None)
 
 
 def make(gen, seed: int) -> RunLog:
     s = gen(np.random.default_rng(seed))
     g = int(s.pop("_group_size", [G])[0])
-    series = {k: np.asarray(v, dtype=float) for k, v in s.items() if not k.startswith("_p") and k != "_zero_p"}
-    return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=g, max_new_tokens=MAX_NEW, max_reward=1.0,
-                  ln_vocab=float(np.log(15)), eval_n=EVAL_N)
+    series = {k: np.asarray(v, dtype=float) for k, v in s.items() if k == "_nonfinite" or not k.startswith("_")}
+    aux = [k for k in series if k.startswith("reward_") and k != "reward_correct"]
+    if aux:
+        series["reward_aux"] = np.sum([series[k] for k in aux], axis=0)
+    return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=g, max_new_tokens=MAX_NEW,
+                  max_reward=1.0 + len(aux), ln_vocab=float(np.log(15)), eval_n=EVAL_N, completions_per_step=P * G)

@@ -3,25 +3,40 @@
 Each returns the step windows where its condition holds. Windows are in steps (offline) and the
 thresholds are relative wherever scales differ between runs: entropy against the run's own early
 baseline and ln V, rewards against the maximum achievable, accuracy declines against the
-sampling noise of the evaluation set. A row whose signals the log lacks is reported as not
-assessable, never guessed.
+sampling noise of the evaluation set, the loss against its own early range. A row whose signals
+the log lacks is reported as not assessable, never guessed.
+
+Every detector is causal: its verdict at a step reads only that step and earlier ones. What it
+needs from further back than a few windows is carried state: the run's early statistics (fixed
+once its first `early_steps` steps are in), the CUSUM statistics, the running peaks and the
+recent evaluation points. So `diagnose(log)` over a whole log and the online monitor, which
+evaluates one step at a time over a bounded tail of rows plus that state, give the same verdicts,
+and the monitor's cost per step does not grow with the run (`diagnose(..., start=, state=, offset=)`).
+
+Leading indicators (the rows that page before the damage) are sequential change-point tests: a
+one-sided CUSUM of the signal's excess over its early level, in units of its own early noise,
+with an allowance k of half the shift worth reporting (never below half a noise sd) and a
+threshold h set by the false-alarm rate (`cusum_h`: ARL0 ~ 19,000 steps at k = 0.5 for Gaussian
+noise, longer for any larger k). The loss, whose distribution is heavy-tailed, gets a
+distribution-free test instead: exceedances of its early maximum.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
-from grpo_sentinel.telemetry.stats import moving_average, windowed_sd
+from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, windowed_sd
 
 
 @dataclass(frozen=True)
 class Thresholds:
     window: int = 20  # steps; the trailing window of every smoothed signal
+    early_windows: int = 2  # the run's early statistics come from its first early_windows windows (>= 10 steps)
     adv_mean_tol: float = 1e-3  # float32 rounding is ~1e-7; a real bug is >> 1e-3
     nonfinite_run: int = 3  # consecutive non-finite steps that make it critical
     saturated: float = 0.95  # correctness reward / its maximum, window mean
@@ -50,6 +65,46 @@ class Thresholds:
     loose_reward: float = 0.7  # reward (as a fraction of max) that counts as high
     truncation: float = 0.5  # window truncation rate
     wrong_longer: float = 1.5  # wrong answers this much longer than right ones
+    # Leading indicators (sequential tests).
+    cusum_h: float = 8.0  # CUSUM threshold in noise sds: ARL0 >= ~19,000 steps (Siegmund, k >= 0.5)
+    loss_blowup_factor: float = 10.0  # an exceedance: |loss| above this multiple of its early median (an order of magnitude)
+    loss_blowup_share: float = 0.5  # the share of updates beyond the early range the test is built to detect
+    loss_blowup_arl: float = 1e5  # updates between false alarms at worst (Wald: h = ln ARL0)
+    entropy_drift: float = 0.25  # entropy rise above its early baseline worth a warning, as a fraction of it
+    length_drift: float = 0.5  # mean length rising this fraction of the way from its early level to the cap
+    correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
+    all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
+    kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
+    kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
+
+
+# The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
+# outside it makes a rule that never or always fires.
+_FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
+             "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
+             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share")
+_ABOVE_ONE = ("loss_rolling_factor", "loss_baseline_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
+              "loss_blowup_factor", "kl_accel", "loss_blowup_arl")
+_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2}
+
+
+def threshold_error(name: str, value: float) -> str | None:
+    """Why `value` is outside `name`'s domain, or None."""
+    if not math.isfinite(value):
+        return f"{name} must be a finite number"
+    if name in _COUNTS and value < _COUNTS[name]:
+        return f"{name} must be a whole number >= {_COUNTS[name]}"
+    if name in _FRACTION and not 0 < value <= 1:
+        return f"{name} is a fraction of its scale: give a number in (0, 1]"
+    if name in _ABOVE_ONE and value <= 1:
+        return f"{name} is a multiple: give a number > 1"
+    if value <= 0:
+        return f"{name} must be > 0"
+    return None
+
+
+def validate(th: Thresholds) -> list[str]:
+    return [e for f in fields(th) if (e := threshold_error(f.name, float(getattr(th, f.name))))]
 
 
 WINDOW_COMPLETIONS = 400  # a window mean of 0/1 rewards over 400 samples has SE <= 0.025
@@ -61,6 +116,16 @@ def auto_window(completions_per_step: int | None, default: int = 20) -> int:
     if not completions_per_step:
         return default
     return int(min(100, max(5, math.ceil(WINDOW_COMPLETIONS / completions_per_step))))
+
+
+def early_steps(th: Thresholds) -> int:
+    """Rows the early statistics are taken from: the first `early_windows` windows, at least 10."""
+    return max(th.early_windows * th.window, 10)
+
+
+def lookback(th: Thresholds) -> int:
+    """Rows before a step that any detector reads (the online monitor keeps this many, and the early rows)."""
+    return max(6 * th.window, th.loss_window + 1, early_steps(th)) + 2
 
 
 @dataclass(frozen=True)
@@ -82,6 +147,7 @@ class Diagnosis:
     conditions: list[Condition] = field(default_factory=list)
     not_assessable: dict[str, str] = field(default_factory=dict)  # id -> which signal is missing
     entropy_baseline: float = math.nan  # the run's early entropy, which the entropy rows compare with
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # id -> [N] rows where it holds (before episodes merge gaps)
 
 
 def _episodes(mask: np.ndarray, steps: np.ndarray, gap: int = 0) -> list[tuple[int, int]]:
@@ -95,25 +161,35 @@ def _episodes(mask: np.ndarray, steps: np.ndarray, gap: int = 0) -> list[tuple[i
     return [(int(steps[a]), int(steps[b])) for a, b in zip(starts, ends)]
 
 
-def _slope(x: np.ndarray, w: int) -> np.ndarray:
-    """Trailing change per step of the moving average: (MA[i] - MA[i-w]) / w."""
-    ma = moving_average(x, w)
+def _shift(x: np.ndarray, k: int) -> np.ndarray:
+    """x[i - k] at i (NaN where i < k)."""
     out = np.full(len(x), np.nan)
-    out[w:] = (ma[w:] - ma[:-w]) / w
+    if k < len(x):
+        out[k:] = x[: len(x) - k]
     return out
 
 
-def _full(n: int, w: int) -> np.ndarray:
-    """True where a trailing window of w steps is complete."""
-    return np.arange(n) >= w - 1
+def _slope(x: np.ndarray, w: int) -> np.ndarray:
+    """Trailing change per step of the moving average: (MA[i] - MA[i-w]) / w."""
+    ma = moving_average(x, w)
+    return (ma - _shift(ma, w)) / w
 
 
 class _Ctx:
-    def __init__(self, log: RunLog, th: Thresholds):
+    """What a detector reads: the rows (the whole log, or the monitor's tail), which of them to judge
+    (`start` on), where they sit in the run (`offset`: the absolute index of row 0) and the state
+    carried from the rows before (early statistics, CUSUMs, peaks, evaluation points)."""
+
+    def __init__(self, log: RunLog, th: Thresholds, start: int = 0, state: dict | None = None, offset: int = 0):
         self.log, self.th, self.s = log, th, log.series
         self.steps = log.series["step"]
         self.n, self.w = len(log), th.window
+        self.start, self.offset = start, offset
+        self.state = {} if state is None else state
+        self.row = offset + np.arange(self.n)  # absolute row index in the run
+        self.E = early_steps(th)
         self.diag = Diagnosis()
+        self._ma: dict[tuple[str, int], np.ndarray] = {}
 
     def need(self, cid: str, *signals: str) -> bool:
         missing = [s for s in signals if not self.log.has(s)]
@@ -122,18 +198,60 @@ class _Ctx:
         return not missing
 
     def ma(self, name: str, w: int | None = None) -> np.ndarray:
-        return moving_average(self.s[name], w or self.w)
+        """Trailing moving mean of a series (computed once per series and window: detectors share them)."""
+        key = (name, w or self.w)
+        if key not in self._ma:
+            self._ma[key] = moving_average(self.s[name], key[1])
+        return self._ma[key]
+
+    def full(self, rows: int) -> np.ndarray:
+        """True where the run has at least `rows` rows up to here (a trailing window of `rows` is complete)."""
+        return self.row >= rows - 1
+
+    def early(self, key: str, rows: int, fn):
+        """fn(the first `rows` rows of the run), computed once the run has them and then carried.
+        None before that: a causal detector cannot judge against a baseline it does not have yet."""
+        if key not in self.state:
+            if self.offset > 0 or self.n < rows:
+                return None
+            self.state[key] = fn(slice(0, rows))
+        return self.state[key]
+
+    def cusum(self, key: str, increments: np.ndarray) -> np.ndarray:
+        """CUSUM over the judged rows, continuing from the carried value; 0 before `start`."""
+        out = np.zeros(self.n)
+        if self.start < self.n:
+            out[self.start:] = cusum(increments[self.start:], self.state.get(key, 0.0))
+            self.state[key] = float(out[-1])
+        return out
+
+    def running_max(self, key: str, x: np.ndarray) -> np.ndarray:
+        """Running max of x over the judged rows (NaN ignored), continuing from the carried value."""
+        out = np.full(self.n, np.nan)
+        if self.start < self.n:
+            prior = self.state.get(key, -np.inf)
+            out[self.start:] = np.maximum.accumulate(np.concatenate([[prior], np.where(np.isfinite(x[self.start:]),
+                                                                                         x[self.start:], -np.inf)]))[1:]
+            self.state[key] = float(out[-1])
+            out[~np.isfinite(out)] = np.nan
+        return out
 
     def fire(self, cid: str, mask: np.ndarray, evidence, severity: str | None = None, gap: int = 0) -> None:
         row = BY_ID[cid]
+        mask = mask.copy()
+        mask[: self.start] = False
+        self.diag.masks[cid] = self.diag.masks[cid] | mask if cid in self.diag.masks else mask
         for first, last in _episodes(mask, self.steps, gap):
             i, j = np.searchsorted(self.steps, first), np.searchsorted(self.steps, last)
             self.diag.conditions.append(Condition(cid, severity or row.severity, first, last, evidence(i, j),
                                                   row.cause, row.action))
 
 
-def diagnose(log: RunLog, th: Thresholds = Thresholds()) -> Diagnosis:
-    c = _Ctx(log, th)
+def diagnose(log: RunLog, th: Thresholds = Thresholds(), start: int = 0, state: dict | None = None,
+             offset: int = 0) -> Diagnosis:
+    """The health table over `log`. Offline: the defaults. Online (the monitor): the run's last rows,
+    `start` = the row to judge, `state` carried between calls, `offset` = rows of the run before these."""
+    c = _Ctx(log, th, start, state, offset)
     for detector in DETECTORS:
         with np.errstate(invalid="ignore", divide="ignore"):
             detector(c)
@@ -157,24 +275,41 @@ def nonfinite(c: _Ctx) -> None:
     if bad is None:
         c.diag.not_assessable["nonfinite"] = "the log does not mark non-finite steps"
         return
-    runs = _episodes(bad > 0, c.steps)
-    for first, last in runs:
-        i, j = np.searchsorted(c.steps, first), np.searchsorted(c.steps, last)
-        critical = j - i + 1 >= c.th.nonfinite_run
-        mask = np.zeros(c.n, dtype=bool)
-        mask[i:j + 1] = True
-        c.fire("nonfinite", mask, lambda i, j: f"{j - i + 1} step(s) in a row with non-finite loss/gradients (update skipped)",
-               severity="critical" if critical else "warning")
+    # The run of consecutive bad steps ending at each judged row, continuing the carried one: a
+    # warning while it is short, critical from the `nonfinite_run`-th bad step in a row on.
+    b = (bad[c.start:] > 0)
+    idx = np.arange(len(b))
+    reset = np.maximum.accumulate(np.where(~b, idx, -1)) if len(b) else idx
+    run = np.zeros(c.n)
+    run[c.start:] = np.where(b, idx - reset + np.where(reset < 0, c.state.get("nonfinite_run", 0.0), 0.0), 0.0)
+    if c.start < c.n:
+        c.state["nonfinite_run"] = float(run[-1])
+    evidence = lambda i, j: f"{int(run[j])} step(s) in a row with non-finite loss/gradients (update skipped)"
+    c.fire("nonfinite", (run > 0) & (run < c.th.nonfinite_run), evidence, severity="warning")
+    c.fire("nonfinite", run >= c.th.nonfinite_run, evidence, severity="critical")
+
+
+def _correctness(c: _Ctx) -> tuple[str, float] | None:
+    """The series correctness is judged on, and its maximum: the verifier's acceptance (train_acc) or
+    a correctness reward component; the combined reward only when it is the correctness (its maximum known)."""
+    if c.log.has("train_acc"):
+        return "train_acc", 1.0
+    if c.log.has("reward") and c.log.reward_scale_known and not c.log.has("reward_aux"):
+        return "reward", c.log.max_reward
+    return None
 
 
 def reward_saturated(c: _Ctx) -> None:
-    name = "train_acc" if c.log.has("train_acc") else "reward"
-    if not c.need("reward_saturated", name):
+    judged = _correctness(c)
+    if judged is None:
+        c.diag.not_assessable["reward_saturated"] = (
+            "the log has no correctness signal (train_acc or a correctness reward component), and its combined "
+            "reward includes auxiliary components or exceeds 1" if c.log.has("reward") else "the log has no reward")
         return
-    scale = 1.0 if name == "train_acc" else c.log.max_reward
+    name, scale = judged
     ma = c.ma(name) / scale
-    c.fire("reward_saturated", _full(c.n, c.w) & (ma >= c.th.saturated),
-           lambda i, j: f"correctness {np.nanmax(ma[i:j + 1]):.2f} of its maximum over {c.w}-step windows")
+    c.fire("reward_saturated", c.full(c.w) & (ma >= c.th.saturated),
+           lambda i, j: f"correctness ({name}) {np.nanmax(ma[i:j + 1]):.2f} of its maximum over {c.w}-step windows")
 
 
 def signal_vanished(c: _Ctx) -> None:
@@ -190,38 +325,100 @@ def signal_vanished(c: _Ctx) -> None:
             text += f" (all-correct {100 * corr:.0f} %, all-wrong {100 * wrong:.0f} %)"
         return text
 
-    c.fire("signal_vanished", _full(c.n, c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
+    c.fire("signal_vanished", c.full(c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
+
+
+def _loss_early(c: _Ctx):
+    """(count, median, max) of the non-zero |loss| over the first `loss_window` steps: the loss's own
+    early scale and range (a step without signal has loss exactly 0: it says nothing of the scale)."""
+    def stats(rows):
+        a = np.abs(c.s["loss"][rows])
+        a = a[np.isfinite(a) & (a > 0)]
+        return (len(a), float(np.median(a)), float(a.max())) if len(a) else (0, math.nan, math.nan)
+    return c.early("loss_early", c.th.loss_window, stats)
 
 
 def loss_spike(c: _Ctx) -> None:
     if not c.need("loss_spike", "loss"):
         return
     a = np.abs(c.s["loss"])
-    scale = np.where(a > 0, a, np.nan)  # a step without signal has loss exactly 0: it says nothing of the scale
+    scale = np.where(a > 0, a, np.nan)
     lw = c.th.loss_window
-    prev = np.full(c.n, np.nan)
-    prev[1:] = moving_average(scale, lw)[:-1]  # mean |loss| of the previous window, excluding this step
-    base = np.nanmedian(scale[:lw]) if np.isfinite(scale[:lw]).sum() >= lw // 5 else np.nan
-    rolling = (np.arange(c.n) >= lw) & (a > c.th.loss_rolling_factor * prev)
-    baseline = (np.arange(c.n) >= lw) & (a > c.th.loss_baseline_factor * base)
-    c.fire("loss_spike", rolling | baseline,
-           lambda i, j: f"|loss| up to {np.nanmax(a[i:j + 1]):.3g} vs an early median of {base:.3g}", gap=c.w)
+    prev = _shift(moving_average(scale, lw), 1)  # mean |loss| of the previous window, excluding this step
+    early = _loss_early(c)
+    base = early[1] if early and early[0] >= lw // 5 else np.nan
+    after = c.row >= lw
+    mask = after & ((a > c.th.loss_rolling_factor * prev) | (a > c.th.loss_baseline_factor * base))
+    c.fire("loss_spike", mask, lambda i, j: f"|loss| up to {np.nanmax(a[i:j + 1]):.3g} vs an early median of {base:.3g}", gap=c.w)
 
 
-def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
+def loss_blowup(c: _Ctx) -> None:
+    """Sustained, not one spike: a Bernoulli CUSUM on 'this update's |loss| is above T', where T is
+    the larger of the early maximum and `loss_blowup_factor` (10) x the early median.
+
+    Under 'nothing changed' a new |loss| exceeds the maximum of the n0 early non-zero values with
+    probability 1/(n0+1) whatever its distribution (exchangeability), so p0 = 1/(n0+1) bounds the
+    exceedance rate of T; the test is built to detect a share p1 = `loss_blowup_share` (half the
+    updates). Its log-likelihood ratio accumulates log(p1/p0) per exceedance and log((1-p1)/(1-p0))
+    per other non-zero update; by Wald's bound it alarms by chance at most once in e^h updates,
+    h = ln(`loss_blowup_arl`) = ln 1e5 = 11.5. Steps with loss exactly 0 carry no information."""
+    if not c.need("loss_blowup", "loss"):
+        return
+    early = _loss_early(c)
+    if early is None or early[0] < 5:
+        if early is not None:
+            c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
+        return
+    n0, med, top = early
+    limit = max(top, c.th.loss_blowup_factor * med)
+    p0, p1 = 1 / (n0 + 1), max(c.th.loss_blowup_share, 2 / (n0 + 1))
+    a = np.abs(c.s["loss"])
+    informative = (c.row >= c.th.loss_window) & np.isfinite(a) & (a > 0)
+    inc = np.where(informative, np.where(a > limit, math.log(p1 / p0), math.log((1 - p1) / (1 - p0))), 0.0)
+    s = c.cusum("loss_blowup", inc)
+    h = math.log(c.th.loss_blowup_arl)
+
+    def evidence(i, j):
+        k = max(0, i - c.w)
+        over = int(np.sum(a[k:j + 1] > limit))
+        return (f"|loss| above {limit:.3g} ({c.th.loss_blowup_factor:g}x its early median {med:.3g}, above its early "
+                f"maximum {top:.3g}) at {over} of the updates in steps {int(c.steps[k])}-{int(c.steps[j])}, up to "
+                f"{np.nanmax(a[i:j + 1]):.3g}; sequential test {np.nanmax(s[i:j + 1]):.1f} >= {h:.1f}")
+
+    c.fire("loss_blowup", s >= h, evidence, gap=c.w)
+
+
+def _eval_table(c: _Ctx) -> dict[str, np.ndarray]:
+    """Evaluation points carried in the state (the last acc_lookback + 2), then those of the judged
+    rows: step, held-out accuracy, the reward's 2w moving mean and its noise at that step, the row
+    (-1 for carried points and the step-0 baseline)."""
+    acc = c.s["sample_acc"]
+    rows = np.flatnonzero(np.isfinite(acc) & (np.arange(c.n) >= c.start))
+    r_ma = c.ma("reward", 2 * c.w)
+    r_noise = windowed_sd(c.s["reward"], 2 * c.w) / math.sqrt(2 * c.w)
+    new = {"step": c.steps[rows], "acc": acc[rows], "r_ma": r_ma[rows], "r_noise": r_noise[rows], "row": rows.astype(float)}
+    old = c.state.get("evals")
+    if old is None:
+        old = {k: np.zeros(0) for k in new}
+        if c.log.baseline_acc is not None and (not len(rows) or c.steps[rows[0]] > 0):  # the step-0 evaluation
+            old = {"step": np.array([0.0]), "acc": np.array([c.log.baseline_acc]), "r_ma": np.array([np.nan]),
+                   "r_noise": np.array([np.nan]), "row": np.array([-1.0])}
+    table = {k: np.concatenate([old[k], new[k]]) for k in new}
+    keep = c.th.acc_lookback + 2
+    c.state["evals"] = {k: v[-keep:] if k != "row" else np.full(min(keep, len(v)), -1.0) for k, v in table.items()}
+    table["new"] = np.arange(len(table["step"])) >= len(old["step"])
+    return table
+
+
+def _accuracy_declines(c: _Ctx, ev: dict[str, np.ndarray]) -> list[tuple[int, int, float, float, int, float]]:
     """Eval points where held-out accuracy fell below its peak beyond sampling noise.
 
     Accuracy is smoothed over two consecutive eval points (b_k, SE s/sqrt 2 each, s = sqrt(p(1-p)/n)),
     and b_k must sit `acc_decline_se` (3.5) s below the peak of b over the last `acc_lookback` points. The peak of 10-15 noisy
     points is biased upwards by ~1.2 s, so 3 s still paged 1 % of simulated healthy runs
     (tests/zoo.py, 300 seeds) and 3.5 s none. Without n, the decline must reach `acc_unknown_n_floor`.
-    Returns (peak_step, row, peak, value, n)."""
-    acc = c.s["sample_acc"]
-    rows = np.flatnonzero(np.isfinite(acc))
-    values, at = acc[rows], c.steps[rows]
-    if c.log.baseline_acc is not None and (not len(at) or at[0] > 0):  # the step-0 evaluation
-        values, at = np.concatenate([[c.log.baseline_acc], values]), np.concatenate([[0.0], at])
-        rows = np.concatenate([[-1], rows])
+    Returns (peak_step, row, peak, value, n, reward moving mean at its peak since the accuracy peak)."""
+    values = ev["acc"]
     if len(values) < 2:
         return []
     b = (values[1:] + values[:-1]) / 2
@@ -234,22 +431,37 @@ def _accuracy_declines(c: _Ctx) -> list[tuple[int, int, float, float, int]]:
         noise = np.maximum(c.th.acc_decline_se * np.sqrt(np.maximum(p * (1 - p), 1e-4) / n), c.th.acc_noise_floor)
     else:
         noise = np.full(len(b), c.th.acc_unknown_n_floor)
-    hits = np.flatnonzero(p - b >= noise)
-    return [(int(at[peak[k] + 1]), rows[k + 1], p[k], b[k], n or 0) for k in hits]
+    hits = np.flatnonzero((p - b >= noise) & ev["new"][1:])
+    # The reward's moving mean at the eval points from the accuracy peak on: its peak over that stretch.
+    r = np.concatenate([np.full(lookback + 1, np.nan), ev["r_ma"]])
+    r_windows = np.lib.stride_tricks.sliding_window_view(r, lookback + 2)  # [m] = r_ma[m-L-1 .. m]
+    out = []
+    for k in hits:
+        m = k + 1  # the eval point of b[k]
+        since = r_windows[m][lookback + 1 - (m - (peak[k] + 1)):]
+        since = since[np.isfinite(since)]
+        out.append((int(ev["step"][peak[k] + 1]), int(ev["row"][m]), p[k], b[k], n or 0,
+                    float(since.max()) if len(since) else math.nan))
+    return out
 
 
 def late_degradation_and_reward_hacking(c: _Ctx) -> None:
     """Both read a held-out accuracy decline; the reward decides which: falling too -> degradation
-    (instability), holding or rising -> hacking (the grader pays for something that is not the task)."""
-    if not (c.need("late_degradation", "sample_acc", "reward") & c.need("reward_hacking", "sample_acc", "reward")):
+    (instability), holding or rising -> hacking (the grader pays for something that is not the task).
+    reward_hacking also pages on the training samples alone when the evidence there is strong (see
+    correctness_drop): hacking shows on them before the held-out evaluation sees it."""
+    have = c.need("late_degradation", "sample_acc", "reward") & c.need("reward_hacking", "sample_acc", "reward")
+    if not have:
+        if c.log.has("reward") and c.log.has("train_acc") and c.log.has("reward_aux"):
+            c.diag.not_assessable.pop("reward_hacking", None)  # still judged on the training samples
         return
-    r_ma = c.ma("reward", 2 * c.w)
+    ev = _eval_table(c)
     r_noise = windowed_sd(c.s["reward"], 2 * c.w) / math.sqrt(2 * c.w)
+    r_ma = c.ma("reward", 2 * c.w)
     for cid in ("late_degradation", "reward_hacking"):
         mask = np.zeros(c.n, dtype=bool)
         notes = {}
-        for peak_step, r, p, v, n in _accuracy_declines(c):
-            reward_peak = np.nanmax(r_ma[np.searchsorted(c.steps, peak_step):r + 1])
+        for peak_step, r, p, v, n, reward_peak in _accuracy_declines(c, ev):
             # A fall is 5 % of the maximum, or a fifth of the reward's own level when that is low,
             # and always beyond the moving mean's noise.
             margin = max(min(c.th.reward_drop * c.log.max_reward, 0.2 * reward_peak), 2 * r_noise[r])
@@ -262,14 +474,26 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
 
 
 def entropy(c: _Ctx) -> None:
-    if not (c.need("entropy_collapse", "entropy", "reward") & c.need("entropy_blowup", "entropy", "reward")):
+    if not (c.need("entropy_collapse", "entropy", "reward") & c.need("entropy_blowup", "entropy", "reward")
+            & c.need("entropy_drift", "entropy", "reward")):
         c.diag.not_assessable.setdefault("exploration", "the log has no entropy")
         return
     e, w = c.s["entropy"], c.w
-    head = e[: max(w, min(c.n // 10, 50))]
-    baseline = c.diag.entropy_baseline = float(np.nanmedian(head)) if np.isfinite(head).any() else math.nan
+
+    def stats(rows):
+        head = e[rows]
+        if not np.isfinite(head).any():
+            return math.nan, math.nan
+        mu = float(np.nanmedian(head))
+        return mu, max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 0.01 * abs(mu), 1e-9)
+
+    early = c.early("entropy_early", c.E, stats)
+    if early is None:
+        return
+    baseline, noise = early
+    c.diag.entropy_baseline = baseline
     ma, e_slope, r_slope = c.ma("entropy"), _slope(e, w), _slope(c.s["reward"], w)
-    full = _full(c.n, 2 * w)
+    full = c.full(2 * w)
     flat = np.abs(r_slope * w) < c.th.reward_drop * c.log.max_reward
     c.fire("entropy_collapse", full & (ma < c.th.entropy_collapse * baseline) & (e_slope <= 0) & flat,
            lambda i, j: f"entropy {np.nanmin(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g}; reward flat", gap=w)
@@ -284,31 +508,81 @@ def entropy(c: _Ctx) -> None:
     signal = c.ma("frac_zero_std") < c.th.exploration_signal if c.log.has("frac_zero_std") else np.ones(c.n, dtype=bool)
     c.fire("exploration", full & (e_slope > 0) & (r_slope > 0) & (ma > c.th.exploration_rise * baseline) & signal,
            lambda i, j: f"entropy rising to {np.nanmax(ma[i:j + 1]):.3g} while reward rises: healthy exploration", gap=w)
+    # entropy_drift: a CUSUM of the entropy's excess over its baseline, in units of its early
+    # step-to-step noise, with an allowance of half the rise worth reporting (entropy_drift x the
+    # baseline) and never below half a noise sd; reported once the moving mean has risen the whole
+    # entropy_drift, and only while the reward is not rising: entropy rising with it is exploration.
+    allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
+    s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
+    alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+    c.fire("entropy_drift", alarm,
+           lambda i, j: f"entropy (moving mean) {np.nanmax(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g} "
+                        f"(noise {noise:.2g} a step); sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g} "
+                        "while the reward is not rising", gap=w)
+
+
+def _reward_rising(c: _Ctx) -> np.ndarray:
+    """The reward's 2w moving mean above its value 2w steps earlier by more than twice the noise of
+    that difference (each mean has SE sd / sqrt(2w))."""
+    if not c.log.has("reward"):
+        return np.zeros(c.n, dtype=bool)
+    w2 = 2 * c.w
+    ma = c.ma("reward", w2)
+    se = windowed_sd(c.s["reward"], w2) / math.sqrt(w2)
+    return ma - _shift(ma, w2) > 2 * math.sqrt(2) * se
 
 
 def kl(c: _Ctx) -> None:
     for cid, other in (("kl_runaway", "reward"), ("kl_dominant", "frac_zero_std"), ("plateau_kl_flat", "reward")):
         c.need(cid, "kl", other)  # each row records what it lacks
-    if not c.log.has("kl"):
+    if not c.need("kl_acceleration", "kl"):
         return
     k_ma, k_slope = c.ma("kl"), _slope(c.s["kl"], c.w)
-    full = _full(c.n, 2 * c.w)
+    full = c.full(2 * c.w)
     if c.log.has("reward"):
         r_slope = _slope(c.s["reward"], c.w)
         c.fire("kl_runaway", full & (k_ma > c.th.kl_bound) & (r_slope < 0),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token (bound {c.th.kl_bound:g}) while reward falls", gap=c.w)
-        early = np.arange(c.n) < max(2 * c.w, c.n // 3)
-        c.fire("plateau_kl_flat", full & early & (k_ma < c.th.kl_flat) & _reward_flat(c),
+        early = c.row < 5 * c.w  # "early in the run": its first five windows
+        k_abs = np.abs(k_ma) if c.log.kl_signed else k_ma
+        c.fire("plateau_kl_flat", full & early & (k_abs < c.th.kl_flat) & _reward_flat(c),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.2g} (~0) and reward flat early in the run", gap=c.w)
     if c.log.has("frac_zero_std"):
         z = c.ma("frac_zero_std")
-        k_before = np.full(c.n, np.nan)
-        k_before[2 * c.w:] = k_ma[: -2 * c.w]
+        k_before = _shift(k_ma, 2 * c.w)
         # KL at least doubling within two windows while no group carries signal: the KL term is
         # the only gradient left. A small, slowly growing KL on a saturated task is not this.
         c.fire("kl_dominant", full & (z >= c.th.kl_dominant_zero) & (k_slope > 0) & (k_ma > c.th.kl_dominant_min) & (k_ma > 2 * k_before),
                lambda i, j: f"KL rising to {np.nanmax(k_ma[i:j + 1]):.3g} while {100 * np.nanmin(z[i:j + 1]):.0f} % of groups carry no signal",
                gap=c.w)
+    # kl_acceleration: super-linear growth. Three consecutive window means m2, m1, m0 (each with
+    # standard error se): the KL was already growing (m1 - m2 > 4 sd of that difference, sqrt 2 se)
+    # and its growth over the last window exceeds kl_accel (a = 2) times the window before's by 4 sd
+    # of m0 - (1 + a) m1 + a m2 (sqrt(1 + (1 + a)^2 + a^2) se): a one-sided 4-sigma test, one false
+    # alarm in ~30,000 steps of noise. Linear growth gives a ratio of 1, quadratic
+    # (2t - w) / (2t - 3w) < 2 once three windows are in, exponential growth with a doubling time
+    # under one window > 2. se comes from the step-to-step noise (a trend is not noise: with the
+    # window's raw sd a steep rise would hide itself), computed as the rule computes it.
+    w, a = c.w, c.th.kl_accel
+    d1, d2 = _shift(k_ma, w) - _shift(k_ma, 2 * w), k_ma - _shift(k_ma, w)
+    se = _diff_se(c.s["kl"], w)
+    z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
+    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se)
+    c.fire("kl_acceleration", accel,
+           lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
+                        f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)", gap=w)
+
+
+def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
+    """Standard error of a trailing w-step mean, from the step-to-step noise: sigma = the (population)
+    sd of the window's first differences / sqrt 2 (a linear trend only shifts the differences' mean,
+    so a steep rise does not pass for noise), se = sigma / sqrt w. The rule computes the same from
+    the scrapes: stddev_over_time(idelta(...)[w:]) / sqrt 2 / sqrt(count_over_time) (grpo:kl_mean:se_w)."""
+    d = x - _shift(x, 1)
+    return windowed_sd(d, w) * np.sqrt(np.maximum(w - 1, 0) / w) / math.sqrt(2) / math.sqrt(w)
+
+
+KL_ACCEL_Z = 4.0  # standard deviations of noise a KL acceleration must stand out of (one-sided p ~ 3e-5 a step)
 
 
 def length_pathology(c: _Ctx) -> None:
@@ -323,22 +597,129 @@ def length_pathology(c: _Ctx) -> None:
     else:
         c.diag.not_assessable["length_pathology"] = "the log has no truncation rate and max_new_tokens is unknown"
         return
-    mask = _full(c.n, c.w) & pinned
+    mask = c.full(c.w) & pinned
     if c.log.has("response_len_wrong") and c.log.has("response_len_correct"):
         ratio = c.ma("response_len_wrong") / c.ma("response_len_correct")
-        mask |= _full(c.n, c.w) & (ratio > c.th.wrong_longer) & (_slope(c.s["response_len_wrong"], c.w) > 0)
+        mask |= c.full(c.w) & (ratio > c.th.wrong_longer) & (_slope(c.s["response_len_wrong"], c.w) > 0)
     c.fire("length_pathology", mask, what, gap=c.w)
+
+
+def length_drift(c: _Ctx) -> None:
+    """Completion length drifting up toward the cap, with the share of capped completions rising.
+
+    u = mean length / cap. A CUSUM of u's excess over its early level, in units of its early noise
+    (at least 1 % of the cap), with an allowance of half the drift worth a warning
+    (`length_drift` of the way from the early level to the cap). The capped share (the truncation
+    rate, or without one the steps whose mean length is the cap: every completion cut) must sit
+    above its early level by more than two binomial standard errors of a window mean."""
+    cap = c.log.max_new_tokens
+    if not (cap and c.log.has("response_len")):
+        c.diag.not_assessable["length_drift"] = ("max_new_tokens is unknown (not in the log, and lengths do not pile up "
+                                                 "at one ceiling)" if c.log.has("response_len") else "the log has no completion length")
+        return
+    u = c.s["response_len"] / cap
+    capped = c.s["truncation_rate"] if c.log.has("truncation_rate") else (c.s["response_len"] >= cap).astype(float)
+
+    def stats(rows):
+        head, t = u[rows], capped[rows]
+        u0 = float(np.nanmedian(head))
+        return u0, max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 0.01), float(np.nanmean(t))
+
+    early = c.early("length_early", c.E, stats)
+    if early is None:
+        return
+    u0, noise, t0 = early
+    allowance = max(c.th.length_drift * (1 - u0) / 2, noise / 2)
+    s = c.cusum("length_drift", np.where(c.row >= c.E, (u - u0 - allowance) / noise, 0.0))
+    t_ma = moving_average(capped, c.w)
+    q = min(max(t0, 1 / c.w), 0.5)
+    share_up = t_ma > t0 + 2 * math.sqrt(q * (1 - q) / c.w)
+    u_ma = moving_average(u, c.w)
+    c.fire("length_drift", (s >= c.th.cusum_h) & share_up,
+           lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
+                        f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
+           gap=c.w)
+
+
+def correctness(c: _Ctx) -> None:
+    """correctness_drop (warning) and the training-side half of reward_hacking (critical).
+
+    The verifier's acceptance on the training samples (train_acc, or a correctness reward
+    component) against the running peak of its 2w moving mean, while an auxiliary reward component
+    (format, length, style: `reward_aux`) holds or rises. Noise: the early step-to-step sd, which for
+    a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also holds the
+    correlation within groups that the formula misses; B need not be known). A CUSUM of the
+    shortfall below the peak, allowance half of `correctness_drop` (10 %) of the peak (at least half
+    a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning. Critical (reward_hacking) when the fall is realised:
+    the moving mean `correctness_drop` below the peak and three of its standard errors more."""
+    if not c.need("correctness_drop", "train_acc", "reward_aux"):
+        return
+    acc, aux, w2 = c.s["train_acc"], c.s["reward_aux"], 2 * c.w
+
+    def stats(rows):
+        head = acc[rows]
+        return max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+
+    noise = c.early("correctness_early", c.E, stats)
+    if noise is None:
+        return
+    ma = c.ma("train_acc", w2)
+    peak = c.running_max("correctness_peak", np.where(c.row >= c.E, ma, np.nan))
+    # The running peak of a noisy mean sits above the true level by about two of its standard errors
+    # (the max of many correlated draws): that excess is added, or a flat run would drift to an alarm.
+    allowance = np.maximum(c.th.correctness_drop * peak / 2, noise / 2) + 2 * noise / math.sqrt(w2)
+    s = c.cusum("correctness_drop", np.where((c.row >= c.E) & np.isfinite(peak), (peak - acc - allowance) / noise, 0.0))
+    aux_ma = c.ma("reward_aux", w2)
+    aux_se = windowed_sd(aux, w2) / math.sqrt(w2)
+    holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise
+    alarm = (s >= c.th.cusum_h) & holds & (ma < peak)
+
+    def evidence(i, j):
+        k = i + int(np.nanargmin(ma[i:j + 1]))
+        return (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its peak -> {100 * ma[k]:.1f} % "
+                f"(noise {100 * noise:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g}) "
+                f"while the auxiliary reward holds at {aux_ma[k]:.3g}")
+
+    c.fire("correctness_drop", alarm, evidence, gap=c.w)
+    realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
+    c.fire("reward_hacking", alarm & realised,
+           lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
+
+
+def all_wrong_rising(c: _Ctx) -> None:
+    """The share of all-wrong groups rising above its early level: a CUSUM in units of its early
+    step-to-step noise (the binomial noise of P groups a step, measured), allowance half of
+    `all_wrong_rise` (0.2). Groups that are all wrong teach nothing, and their share rises before
+    accuracy falls."""
+    if not c.need("all_wrong_rising", "frac_zero_std_wrong"):
+        return
+    q = c.s["frac_zero_std_wrong"]
+
+    def stats(rows):
+        head = q[rows]
+        return float(np.nanmean(head)), max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+
+    early = c.early("all_wrong_early", c.E, stats)
+    if early is None:
+        return
+    q0, noise = early
+    allowance = max(c.th.all_wrong_rise / 2, noise / 2)
+    s = c.cusum("all_wrong_rising", np.where(c.row >= c.E, (q - q0 - allowance) / noise, 0.0))
+    q_ma = c.ma("frac_zero_std_wrong")
+    c.fire("all_wrong_rising", (s >= c.th.cusum_h) & (q_ma > q0 + allowance),
+           lambda i, j: f"all-wrong groups (moving mean) {100 * np.nanmax(q_ma[i:j + 1]):.0f} % vs {100 * q0:.0f} % early "
+                        f"(sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g})", gap=c.w)
 
 
 def _reward_flat(c: _Ctx) -> np.ndarray:
     """Reward change over the last 2 windows below `reward_drop` of the maximum (a least-squares-like
     difference of moving means, so a reward quantised to 1/B still shows a trend)."""
-    gain = (c.ma("reward") - moving_average(c.s["reward"], 2 * c.w)) * 2
+    gain = (c.ma("reward") - c.ma("reward", 2 * c.w)) * 2
     return np.abs(gain) < c.th.reward_drop * c.log.max_reward
 
 
 def plateaus(c: _Ctx) -> None:
-    full = _full(c.n, 2 * c.w)
+    full = c.full(2 * c.w)
     if c.need("plateau_small_group", "reward", "frac_zero_std"):
         if c.log.group_size is None:
             c.diag.not_assessable["plateau_small_group"] = "the group size G is unknown"
@@ -359,13 +740,12 @@ def plateaus(c: _Ctx) -> None:
                             f"{100 * strict[j]:.0f} % of the same completions", gap=c.w)
     if c.need("kl_only_learning", "loss", "reward"):
         lo = c.ma("loss", 2 * c.w)
-        before = np.full(c.n, np.nan)
-        before[2 * c.w:] = lo[: -2 * c.w]
+        before = _shift(lo, 2 * c.w)
         noise = windowed_sd(c.s["loss"], 2 * c.w) / math.sqrt(2 * c.w)
         # The earlier level must itself stand out of the noise, and the fall be well beyond it: the
         # test runs at every step, so 3 sigma still paged 2 % of simulated healthy runs; 5 sigma none.
         falling = (before > 5 * noise) & (lo < 0.5 * before) & (before - lo > 5 * math.sqrt(2) * noise)
-        hit = _full(c.n, 4 * c.w) & falling & _reward_flat(c)
+        hit = c.full(4 * c.w) & falling & _reward_flat(c) & (np.arange(c.n) >= c.start)
         # One spike inflates a window mean, and the window after it then "falls": the medians must
         # fall too. Checked only where the means fall, so a long healthy log costs nothing.
         i = np.flatnonzero(hit)
@@ -377,5 +757,80 @@ def plateaus(c: _Ctx) -> None:
                             "while reward is flat", gap=c.w)
 
 
-DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike,
-             late_degradation_and_reward_hacking, entropy, kl, length_pathology, plateaus]
+DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
+             late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
+             all_wrong_rising, plateaus]
+
+
+# ---------------------------------------------------------------------------------------------
+# Lead time: how long before the damage the run was paged
+
+
+@dataclass(frozen=True)
+class Lead:
+    """First warning, first critical, the damage step and the lead (damage - first critical, in steps;
+    positive = paged before the damage). Damage, as a user sees it: the first evaluation point where
+    held-out accuracy sits `DAMAGE` (10 %, relative) below its running peak; in a log without
+    evaluations, the first step where the reward's 2w moving mean does."""
+    first_warning: int | None
+    warning: str
+    first_critical: int | None
+    critical: str
+    damage_step: int | None
+    damage: str  # what the damage was, in words
+
+    @property
+    def lead(self) -> int | None:
+        return None if self.damage_step is None or self.first_critical is None else self.damage_step - self.first_critical
+
+    @property
+    def warning_lead(self) -> int | None:
+        return None if self.damage_step is None or self.first_warning is None else self.damage_step - self.first_warning
+
+    def as_dict(self) -> dict:
+        return {"first_warning": self.first_warning, "warning": self.warning, "first_critical": self.first_critical,
+                "critical": self.critical, "damage_step": self.damage_step, "damage": self.damage, "lead": self.lead,
+                "warning_lead": self.warning_lead}
+
+
+DAMAGE = 0.10
+
+
+def damage_step(log: RunLog, th: Thresholds = Thresholds()) -> tuple[int | None, str]:
+    s = log.series
+    if log.has("sample_acc"):
+        ok = np.isfinite(s["sample_acc"])
+        steps, acc = s["step"][ok], s["sample_acc"][ok]
+        if log.baseline_acc is not None and (not len(steps) or steps[0] > 0):
+            steps, acc = np.concatenate([[0.0], steps]), np.concatenate([[log.baseline_acc], acc])
+        peak = np.maximum.accumulate(acc)
+        hit = np.flatnonzero((peak > 0) & (acc < (1 - DAMAGE) * peak))
+        if not len(hit):
+            return None, f"held-out accuracy never {100 * DAMAGE:.0f} % below its running peak"
+        k = hit[0]
+        return int(steps[k]), (f"held-out accuracy {100 * acc[k]:.1f} % at step {int(steps[k])}, {100 * DAMAGE:.0f} % below "
+                               f"its running peak {100 * peak[k]:.1f} %")
+    if log.has("reward"):
+        w2 = 2 * th.window
+        ma = moving_average(s["reward"], w2)
+        ma[: w2 - 1] = np.nan
+        peak = np.fmax.accumulate(np.where(np.isfinite(ma), ma, -np.inf))
+        hit = np.flatnonzero(np.isfinite(ma) & (peak > 0) & (ma < (1 - DAMAGE) * peak))
+        if not len(hit):
+            return None, f"no evaluation; the reward's moving mean never {100 * DAMAGE:.0f} % below its running peak"
+        k = hit[0]
+        return int(s["step"][k]), (f"no evaluation: the reward's {w2}-step moving mean {ma[k]:.3f} at step "
+                                   f"{int(s['step'][k])}, {100 * DAMAGE:.0f} % below its running peak {peak[k]:.3f}")
+    return None, "no held-out accuracy and no reward"
+
+
+def lead_time(diag: Diagnosis, log: RunLog, th: Thresholds = Thresholds()) -> Lead:
+    def first(severity: str) -> tuple[int | None, str]:
+        cs = [c for c in diag.conditions if c.severity == severity]
+        if not cs:
+            return None, ""
+        c = min(cs, key=lambda c: (c.first_step, c.id))
+        return c.first_step, c.id
+    (fw, w), (fc, cr) = first("warning"), first("critical")
+    step, words = damage_step(log, th)
+    return Lead(fw, w, fc, cr, step, words)

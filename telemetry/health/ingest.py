@@ -2,8 +2,17 @@
 could tell about the run (G, max_new_tokens, ln V, eval size), plus notes on what was odd.
 
 Formats: `sentinel` (our steps.csv or reward-vs-step.csv, or a run directory), `book` (the
-reasoning-from-scratch CSV: eval accuracy in percent), `trl` (trainer_state.json log_history).
-Logs in the wild are messy: a resumed run repeats steps (later rows win), a restarted run starts
+reasoning-from-scratch CSV: eval accuracy in percent), `csv` (any other CSV with a step column),
+`trl` (trainer_state.json log_history), `verl` and `openrlhf` (JSONL metric logs, one object a
+line, flat or verl's {"step": s, "data": {...}}), `jsonl` (any other such log).
+
+Logs in the wild name things differently, and an ingester that ignores a column throws away the
+evidence: every column is mapped to one of our names (ALIASES), read as a reward component, or
+ignored with the reason, and the notes list which. A signed KL estimator (k1 can be negative) is
+kept as it is and said so. Auxiliary reward components (format, length, style) are summed into
+`reward_aux`; correctness is read from the correctness component, never from a combined reward
+that can exceed 1. A completion cap the log does not state is inferred when lengths pile up at
+one ceiling. Logs are messy: a resumed run repeats steps (later rows win), a restarted run starts
 its step numbers over in the same file (split: only the last run is diagnosed, and the note says
 so), accuracy may be a percentage. Nothing here crashes on those; it reports them.
 """
@@ -13,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +47,8 @@ class RunLog:
     ln_vocab: float | None = None
     eval_n: int | None = None
     baseline_acc: float | None = None  # held-out accuracy before training (step 0), if known
+    kl_signed: bool = False  # the KL column has negative values: a signed estimator (k1), not k3
+    reward_scale_known: bool = True  # max_reward is the real maximum (config, or a 0/1 reward that never exceeds 1)
     notes: list[str] = field(default_factory=list)
 
     def has(self, name: str) -> bool:
@@ -46,11 +58,62 @@ class RunLog:
         return len(self.series["step"])
 
 
-BOOK = {"reward_avg": "reward", "avg_response_len": "response_len", "tokens_per_sec": "tokens_per_s",
-        "adv_avg": "adv_mean", "adv_std": "adv_std", "entropy_avg": "entropy", "eval_acc": "sample_acc", "loss": "loss"}
-TRL = {"reward": "reward", "kl": "kl", "loss": "loss", "entropy": "entropy", "frac_reward_zero_std": "frac_zero_std",
-       "completions/mean_length": "response_len", "completions/clipped_ratio": "truncation_rate",
-       "grad_norm": "grad_norm", "learning_rate": "lr"}
+# Our name -> the names logs in the wild use for it, in order of preference (lower-cased; the
+# first present wins, the others are listed as ignored duplicates). KL: only KL to the reference;
+# PPO's old-vs-new policy KL (approx_kl, actor/ppo_kl) measures one update, not drift (IGNORED).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "step": ("step", "global_step", "train/global_step", "training/global_step", "trainer/global_step", "_step",
+             "iteration"),
+    "reward": ("reward", "reward_avg", "reward_mean", "rewards/mean", "train/reward", "critic/score/mean",
+               "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean"),
+    "kl": ("kl", "kl_mean", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
+           "critic/kl", "train/kl", "policy/kl", "kl_to_ref", "ref_kl"),
+    "loss": ("loss", "train/loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss", "train/policy_loss",
+             "loss/policy"),
+    "entropy": ("entropy", "entropy_avg", "entropy_mean", "actor/entropy", "actor/entropy_loss", "policy/entropy",
+                "train/entropy", "objective/entropy"),
+    "entropy_norm": ("entropy_norm",),
+    "adv_mean": ("adv_mean", "adv_avg", "critic/advantages/mean", "advantages/mean"),
+    "adv_std": ("adv_std", "advantages/std"),
+    "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std"),
+    "frac_zero_std_correct": ("frac_zero_std_correct",),
+    "frac_zero_std_wrong": ("frac_zero_std_wrong",),
+    "train_acc": ("train_acc", "train_accuracy", "train/accuracy", "critic/acc/mean", "acc/mean"),
+    "reward_std": ("reward_std", "rewards/std", "critic/score/std"),
+    "response_len": ("response_len", "avg_response_len", "completions/mean_length", "response_length/mean",
+                     "response_length", "completion_length", "mean_length", "generate_len"),
+    "response_len_max": ("completions/max_length", "response_length/max", "max_response_len"),
+    "response_len_correct": ("response_len_correct",),
+    "response_len_wrong": ("response_len_wrong",),
+    "truncation_rate": ("truncation_rate", "completions/clipped_ratio", "response_length/clip_ratio", "clipped_ratio",
+                        "truncated_ratio"),
+    "clip_frac": ("clip_frac", "actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio", "pg_clipfrac"),
+    "grad_norm": ("grad_norm", "actor/grad_norm", "train/grad_norm"),
+    "lr": ("lr", "learning_rate", "actor/lr", "actor_lr", "train/learning_rate"),
+    "step_time": ("step_time", "timing_s/step", "time/step"),
+    "tokens_per_s": ("tokens_per_s", "tokens_per_sec"),
+    "sample_acc": ("sample_acc", "eval_acc", "eval_accuracy", "eval/accuracy", "val/accuracy", "val/acc", "test_acc"),
+    "greedy_acc": ("greedy_acc",),
+    "eval_n": ("eval_n",),
+}
+_BY_ALIAS = {a: name for name, aliases in ALIASES.items() for a in aliases}
+# Columns we know and deliberately do not read, with the reason (listed in the notes).
+IGNORED = {
+    "approx_kl": "old-vs-new policy KL of one update, not KL to the reference",
+    "actor/ppo_kl": "old-vs-new policy KL of one update, not KL to the reference",
+    "ppo_kl": "old-vs-new policy KL of one update, not KL to the reference",
+    "total_steps": "run length, not a per-step signal", "epoch": "not a per-step signal",
+    "num_tokens": "cumulative token count", "policy_ratio": "no row reads the mean ratio (clip_frac does)",
+    "actor/kl_coef": "a setting, not a signal", "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
+}
+# An evaluation column we did not name: held-out accuracy under another name (the first one wins).
+_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct)", re.I)
+# Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean), the book style (<fn>_reward[_avg|_mean]).
+_COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$",
+                                      r"^(?P<fn>.+?)_reward(_avg|_mean)?$", r"^reward/(?P<fn>[^/]+)$")]
+_NOT_COMPONENT = {"std", "avg", "mean", "max", "min", "sum", "total"}  # reward_std, reward_mean: the combined reward
+# A component that judges the answer: saturation and hacking are read on it.
+CORRECTNESS = re.compile(r"correct|accura|\bacc\b|_acc|acc_|verif|exact|math|answer|pass|solve|score", re.I)
 
 
 def load(path: str | Path, fmt: str = "auto") -> RunLog:
@@ -58,104 +121,278 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
     if path.is_dir():
         path = path / "steps.csv"
     if not path.is_file():
-        raise IngestError(f"{path}: no such file (give a steps.csv, reward-vs-step.csv, book CSV, trainer_state.json or run directory)")
+        raise IngestError(f"{path}: no such file (give a steps.csv, reward-vs-step.csv, book CSV, trainer_state.json, "
+                          "a verl/OpenRLHF JSONL metrics log or a run directory)")
     if fmt == "auto":
         fmt = _sniff(path)
-    reader = {"sentinel": _sentinel, "book": _book, "trl": _trl}.get(fmt)
+    reader = {"sentinel": _sentinel, "book": _book, "csv": _csv, "trl": _trl,
+              "jsonl": _jsonl, "verl": _jsonl, "openrlhf": _jsonl}.get(fmt)
     if reader is None:
-        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book or trl")
-    log = reader(path)
+        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf or jsonl")
+    try:
+        log = reader(path)
+    except OSError as e:
+        raise IngestError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise IngestError(f"{path}: not a text file (expected a CSV, a trainer_state.json or a JSONL log)") from None
     if len(log) == 0:
-        raise IngestError(f"{path}: no step rows")
+        raise IngestError(f"{path}: the header is there but no step rows follow: nothing to diagnose yet")
     _fix_steps(log)
     _fix_units(log)
+    _derive(log)
+    if not any(log.has(k) for k in log.series if k not in ("step", "_nonfinite")) and not log.series["_nonfinite"].any():
+        raise IngestError(f"{path}: every value is empty or not a number: nothing to diagnose")
     return log
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
 
 
 def _sniff(path: Path) -> str:
-    if path.suffix == ".json":
-        return "trl"
     try:
-        header = next(csv.reader(path.open()))
-    except (StopIteration, UnicodeDecodeError, csv.Error) as e:
+        with path.open(encoding="utf-8") as f:
+            head = f.read(4096)
+    except UnicodeDecodeError:
+        raise IngestError(f"{path}: not a text file (expected a CSV, a trainer_state.json or a JSONL log)") from None
+    stripped = head.lstrip()
+    if path.suffix == ".json" or (stripped.startswith("{") and '"log_history"' in head):
+        return "trl"
+    if path.suffix == ".jsonl" or stripped.startswith("{"):
+        return "jsonl"
+    try:
+        header = next(csv.reader([head.splitlines()[0]])) if head.strip() else []
+    except csv.Error as e:
         raise IngestError(f"{path}: not a CSV with a header row ({e})") from None
-    if {"step", "reward", "kl", "loss"} <= set(header):
+    names = {h.strip().lower() for h in header}
+    if not names:
+        raise IngestError(f"{path}: empty file (expected a CSV with a header row, a trainer_state.json or a JSONL log)")
+    if {"step", "reward", "kl", "loss"} <= names:
         return "sentinel"
-    if {"step", "reward_avg"} <= set(header):
+    if {"step", "reward_avg"} <= names:
         return "book"
-    raise IngestError(f"{path}: unrecognised columns {header[:8]}; expected our steps.csv, the book format "
-                      "(step, reward_avg, ...) or a TRL trainer_state.json")
+    if names & set(ALIASES["step"]):
+        return "csv"
+    raise IngestError(f"{path}: unrecognised columns {header[:8]}; expected a step column (step, global_step, ...) "
+                      "as in our steps.csv, the book format (step, reward_avg, ...), a TRL trainer_state.json or a "
+                      "verl/OpenRLHF JSONL log")
 
 
-def _columns(path: Path, rename: dict[str, str] | None) -> dict[str, np.ndarray]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or "step" not in rows[0]:
-        raise IngestError(f"{path}: no 'step' column")
-    out = {}
-    bad = np.zeros(len(rows))  # rows whose loss/reward cell says nan/inf (an empty cell is only missing)
-    for col in ("loss", "reward", "reward_avg"):
-        for i, r in enumerate(rows):
-            v = (r.get(col) or "").strip().lower()
-            if v and v.lstrip("+-") in ("nan", "inf", "infinity"):
-                bad[i] = 1
-    for i, r in enumerate(rows):
-        if r.get("skipped") == "nonfinite":  # our own record: the trainer caught it and skipped the update
-            bad[i] = 1
-    out["_nonfinite"] = bad
-    for col in rows[0]:
-        name = col if rename is None else rename.get(col, col if col == "step" else None)
-        if name is None:
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        try:
+            rows = list(reader)
+            header = list(reader.fieldnames or [])
+        except csv.Error as e:
+            raise IngestError(f"{path}: not a well-formed CSV ({e})") from None
+    return header, rows
+
+
+def _number(v) -> float:
+    """A cell as a float: numbers and numeric strings; anything else (text, None, lists, bools) is NaN."""
+    if isinstance(v, bool):
+        return math.nan
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip()) if v.strip() else math.nan
+        except ValueError:
+            return math.nan
+    return math.nan
+
+
+def _nonfinite_text(v) -> bool:
+    """A cell that says nan/inf (an empty cell is only missing)."""
+    if isinstance(v, float):
+        return not math.isfinite(v)
+    return isinstance(v, str) and v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")
+
+
+def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> RunLog:
+    """Records (one per logged step, keyed by the log's own names) -> a RunLog with our names.
+    Every key is accounted for in the notes: mapped, read as a reward component, or ignored."""
+    keys: list[str] = []
+    for r in records:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    lower = {k: k.strip().lower() for k in keys}
+    chosen: dict[str, str] = {}  # our name -> source key
+    for name, aliases in ALIASES.items():
+        for a in aliases:
+            k = next((k for k in keys if lower[k] == a), None)
+            if k is not None:
+                chosen[name] = k
+                break
+    if "step" not in chosen:
+        raise IngestError(f"{path}: no step column (looked for {', '.join(ALIASES['step'])})")
+    if "sample_acc" not in chosen:
+        k = next((k for k in keys if _EVAL.match(lower[k]) and "std" not in lower[k]), None)
+        if k is not None:
+            chosen["sample_acc"] = k
+    steps, bad_steps, kept = [], 0, []
+    for r in records:
+        s = _number(r.get(chosen["step"]))
+        if not math.isfinite(s):
+            bad_steps += 1
             continue
-        values = []
-        for i, r in enumerate(rows, start=2):
-            v = (r.get(col) or "").strip()
-            try:
-                values.append(float(v) if v else math.nan)
-            except ValueError:
-                if col == "step":
-                    raise IngestError(f"{path}:{i}: step {v!r} is not a number") from None
-                values.append(math.nan)  # a text column (e.g. 'skipped'): not a series
-        out[name] = np.array(values)
-    return out
-
-
-def _sentinel(path: Path) -> RunLog:
-    series = _columns(path, None)
-    log = RunLog(series, str(path), "sentinel")
-    curve = path.parent / "reward-vs-step.csv"
-    if path.name == "steps.csv" and curve.is_file():  # the step-0 baseline accuracy lives only there
-        base = _columns(curve, None)
-        if len(base["step"]) and base["step"][0] == 0 and math.isfinite(base["sample_acc"][0]):
-            log.baseline_acc = float(base["sample_acc"][0])
-    cfg_path = path.parent / "config.yaml"
-    if cfg_path.is_file():
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-        g = cfg.get("grpo", {})
-        log.group_size, log.max_new_tokens = g.get("group_size"), g.get("max_new_tokens")
-        if log.group_size and g.get("prompts_per_step"):
-            log.completions_per_step = log.group_size * g["prompts_per_step"]
-        log.window = (cfg.get("health") or {}).get("window")  # the trainer's own window, when it was set
-        log.max_reward = max(1.0, sum(max(r.get("weight", 1.0), 0.0) for r in cfg.get("rewards", [])))
-    if log.has("entropy_norm") and log.has("entropy"):
-        ratio = series["entropy"] / series["entropy_norm"]
-        log.ln_vocab = float(np.nanmedian(ratio[np.isfinite(ratio)]))
-    if log.has("eval_n"):
-        log.eval_n = int(np.nanmax(series["eval_n"]))
+        steps.append(s)
+        kept.append(r)
+    if bad_steps:
+        what = "rows" if where == "row" else "entries"
+        if not steps:
+            raise IngestError(f"{path}: no {where} has a numeric step ({chosen['step']!r}); {bad_steps} {what} without one")
+        (log_notes := []).append(f"{bad_steps} {what} without a numeric {chosen['step']!r} skipped")
+    else:
+        log_notes = []
+    series: dict[str, np.ndarray] = {"step": np.array(steps, dtype=float)}
+    used = {chosen["step"]}
+    for name, k in chosen.items():
+        if name != "step":
+            series[name] = np.array([_number(r.get(k)) for r in kept])
+            used.add(k)
+    bad = np.zeros(len(kept))  # steps whose loss/reward says nan/inf
+    for name in ("loss", "reward"):
+        if name in chosen:
+            bad = np.maximum(bad, [float(_nonfinite_text(r.get(chosen[name]))) for r in kept])
+    bad = np.maximum(bad, [float(r.get("skipped") == "nonfinite") for r in kept])  # our record: the trainer skipped it
+    series["_nonfinite"] = bad
+    log = RunLog(series, str(path), fmt, notes=log_notes)
+    mapped = [f"{k} -> {name}" for name, k in chosen.items() if k != name]
+    components: dict[str, str] = {}
+    ignored: list[str] = []
+    for k in keys:
+        if k in used:
+            continue
+        low = lower[k]
+        fn = _component(low)
+        if fn is not None and fn not in components:
+            components[fn] = k
+            continue
+        if low in _BY_ALIAS:
+            ignored.append(f"{k} (duplicate of {chosen[_BY_ALIAS[low]]} -> {_BY_ALIAS[low]})")
+        elif low in IGNORED:
+            ignored.append(f"{k} ({IGNORED[low]})")
+        elif low in ("skipped", "health"):
+            continue  # our own record's text columns: read as markers above
+        elif not any(math.isfinite(_number(r.get(k))) for r in kept):
+            ignored.append(f"{k} (no numeric value)")
+        else:
+            ignored.append(f"{k} (no row reads it)")
+    for fn, k in components.items():
+        series[f"reward_{fn}"] = np.array([_number(r.get(k)) for r in kept])
+    log.notes.append("columns read: " + ", ".join(n if n == k else f"{k} -> {n}" for n, k in chosen.items()))
+    if mapped:
+        pass  # the renames are in the line above
+    if components:
+        log.notes.append("reward components: " + ", ".join(f"{k} ({'correctness' if CORRECTNESS.search(fn) else 'auxiliary'})"
+                                                          for fn, k in components.items()))
+    if ignored:
+        log.notes.append("columns ignored: " + ", ".join(ignored))
     return log
 
 
+def _component(low: str) -> str | None:
+    for pattern in _COMPONENT:
+        m = pattern.match(low)
+        if m:
+            fn = m.group("fn").strip("/_")
+            if fn and fn not in _NOT_COMPONENT and not fn.endswith(("/std", "_std")) and fn not in ALIASES:
+                return re.sub(r"[^a-z0-9]+", "_", fn).strip("_")
+    return None
+
+
+def _csv(path: Path, fmt: str = "csv") -> RunLog:
+    header, rows = _read_csv(path)
+    if not header:
+        raise IngestError(f"{path}: empty file (expected a header row)")
+    if not {h.strip().lower() for h in header} & set(ALIASES["step"]):
+        raise IngestError(f"{path}: no step column in the header {header[:8]} (looked for {', '.join(ALIASES['step'])})")
+    if not rows:
+        raise IngestError(f"{path}: the header is there but no step rows follow: nothing to diagnose yet")
+    # A non-numeric step is an error in a CSV (the file is not what it claims); rows are line-numbered.
+    step_col = next(h for h in header if h.strip().lower() in ALIASES["step"])
+    for i, r in enumerate(rows, start=2):
+        if not math.isfinite(_number(r.get(step_col))):
+            raise IngestError(f"{path}:{i}: step {r.get(step_col)!r} is not a number")
+    return _table(path, rows, fmt)
+
+
+def _sentinel(path: Path) -> RunLog:
+    log = _csv(path, "sentinel")
+    curve = path.parent / "reward-vs-step.csv"
+    if path.name == "steps.csv" and curve.is_file():  # the step-0 baseline accuracy lives only there
+        _, base = _read_csv(curve)
+        if base and _number(base[0].get("step")) == 0 and math.isfinite(_number(base[0].get("sample_acc"))):
+            log.baseline_acc = _number(base[0]["sample_acc"])
+    cfg_path = path.parent / "config.yaml"
+    if cfg_path.is_file():
+        _read_config(log, cfg_path)
+    if log.has("entropy_norm") and log.has("entropy"):
+        ratio = log.series["entropy"] / log.series["entropy_norm"]
+        ok = np.isfinite(ratio) & (ratio > 0)
+        if ok.any():
+            log.ln_vocab = float(np.median(ratio[ok]))
+    if log.has("eval_n"):
+        log.eval_n = int(np.nanmax(log.series["eval_n"]))
+    return log
+
+
+def _read_config(log: RunLog, cfg_path: Path) -> None:
+    """G, prompts per step, max_new_tokens, health.window and the reward weights from the run's config.yaml."""
+    try:
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise IngestError(f"{cfg_path}: not valid YAML ({str(e).splitlines()[0]}); fix it, or diagnose a copy of "
+                          "steps.csv outside the run directory") from None
+    if not isinstance(cfg, dict):
+        raise IngestError(f"{cfg_path}: expected a mapping of sections (grpo:, health:, ...), got {type(cfg).__name__}")
+
+    def section(name: str) -> dict:
+        s = cfg.get(name) or {}
+        if not isinstance(s, dict):
+            raise IngestError(f"{cfg_path}: '{name}' must be a mapping, got {s!r}")
+        return s
+
+    def whole(sec: str, key: str, value) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise IngestError(f"{cfg_path}: {sec}.{key} must be a positive whole number, got {value!r}")
+        return value
+
+    g, h = section("grpo"), section("health")
+    log.group_size = whole("grpo", "group_size", g.get("group_size"))
+    log.max_new_tokens = whole("grpo", "max_new_tokens", g.get("max_new_tokens"))
+    prompts = whole("grpo", "prompts_per_step", g.get("prompts_per_step"))
+    if log.group_size and prompts:
+        log.completions_per_step = log.group_size * prompts
+    log.window = whole("health", "window", h.get("window"))  # the trainer's own window, when it was set
+    specs = cfg.get("rewards") or []
+    if not isinstance(specs, list) or not all(isinstance(r, dict) for r in specs):
+        raise IngestError(f"{cfg_path}: 'rewards' must be a list of {{name, weight}}, got {specs!r}")
+    weights = []
+    for r in specs:
+        w = r.get("weight", 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise IngestError(f"{cfg_path}: rewards[{r.get('name', '?')}].weight must be a number, got {w!r}")
+        weights.append(max(float(w), 0.0))
+    log.max_reward = max(1.0, sum(weights))
+
+
 def _book(path: Path) -> RunLog:
-    series = _columns(path, BOOK)
-    log = RunLog(series, str(path), "book")
+    log = _csv(path, "book")
+    series = log.series
     # One prompt per step: the step's group has no signal when its advantages have zero spread, or,
     # without an adv_std column, when the 0/1 correctness reward is all 0 or all 1.
     if log.has("adv_std"):
         zero = series["adv_std"] == 0
-        log.notes.append("frac_zero_std derived from adv_std == 0 (one group per step)")
+        log.notes.append("derived: frac_zero_std from adv_std == 0 (one group per step)")
     else:
         zero = (series["reward"] == 0) | (series["reward"] == 1)
-        log.notes.append("frac_zero_std derived from reward_avg in {0, 1} (one group per step, 0/1 reward)")
+        log.notes.append("derived: frac_zero_std from reward_avg in {0, 1} (one group per step, 0/1 reward)")
     series["frac_zero_std"] = zero.astype(float)
     series["frac_zero_std_correct"] = (zero & (series["reward"] == 1)).astype(float)
     series["frac_zero_std_wrong"] = (zero & (series["reward"] == 0)).astype(float)
@@ -164,19 +401,70 @@ def _book(path: Path) -> RunLog:
 
 def _trl(path: Path) -> RunLog:
     try:
-        history = json.loads(path.read_text())["log_history"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise IngestError(f"{path}: not a trainer_state.json with a log_history ({e})") from None
-    rows = [h for h in history if "step" in h and any(k in h for k in TRL)]
-    evals = {h["step"]: h for h in history if any(k.startswith("eval_") and "acc" in k for k in h)}
-    steps = sorted({r["step"] for r in rows} | set(evals))
-    by_step = {r["step"]: r for r in rows}
-    series = {"step": np.array(steps, dtype=float)}
-    for src, name in TRL.items():
-        series[name] = np.array([float(by_step.get(s, {}).get(src, math.nan)) for s in steps])
-    acc_key = next((k for h in evals.values() for k in h if k.startswith("eval_") and "acc" in k), None)
-    series["sample_acc"] = np.array([float(evals.get(s, {}).get(acc_key, math.nan)) for s in steps])
-    return RunLog(series, str(path), "trl")
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise IngestError(f"{path}: not valid JSON ({e}); expected a TRL trainer_state.json") from None
+    history = state.get("log_history") if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        raise IngestError(f"{path}: no 'log_history' list; expected a TRL/transformers trainer_state.json")
+    entries = [h for h in history if isinstance(h, dict)]
+    notes = []
+    if len(entries) < len(history):
+        notes.append(f"{len(history) - len(entries)} log_history entries are not objects: skipped")
+    # Training entries and evaluation entries share steps: merge them per step (eval keys are eval_*).
+    by_step: dict[float, dict] = {}
+    bad = 0
+    for h in entries:
+        s = _number(h.get("step"))
+        if not math.isfinite(s):
+            bad += 1
+            continue
+        by_step.setdefault(s, {}).update(h)
+    if bad:
+        notes.append(f"{bad} log_history entries without a numeric 'step' skipped")
+    if not by_step:
+        raise IngestError(f"{path}: log_history has no entry with a numeric 'step'")
+    records = [by_step[s] for s in sorted(by_step)]
+    for r in records:
+        for k in ("train_runtime", "train_loss", "total_flos", "train_samples_per_second", "train_steps_per_second"):
+            r.pop(k, None)  # the end-of-training summary entry: not a step
+    log = _table(path, records, "trl", "entry")
+    log.notes[:0] = notes
+    return log
+
+
+def _jsonl(path: Path) -> RunLog:
+    records, bad = [], 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if not isinstance(obj, dict):
+                bad += 1
+                continue
+            data = obj.get("data")
+            if isinstance(data, dict):  # verl's file logger: {"step": s, "data": {metric: value}}
+                obj = {**{k: v for k, v in obj.items() if k != "data"}, **data}
+            records.append(obj)
+    if not records:
+        raise IngestError(f"{path}: no JSON object lines (expected one metrics object per line)")
+    keys = {k for r in records for k in r}
+    fmt = ("verl" if any(k.startswith(("actor/", "critic/", "response_length/")) for k in keys) else
+           "openrlhf" if {"policy_loss", "return"} & keys or any(k.startswith("eval_") and "pass" in k for k in keys) else
+           "jsonl")
+    log = _table(path, records, fmt, "line")
+    if bad:
+        log.notes.insert(0, f"{bad} lines are not JSON objects: skipped")
+    return log
+
+
+# ---------------------------------------------------------------------------------------------
+# Clean-up and derived series
 
 
 def _fix_steps(log: RunLog) -> None:
@@ -202,7 +490,69 @@ def _fix_steps(log: RunLog) -> None:
 
 
 def _fix_units(log: RunLog) -> None:
-    acc = log.series.get("sample_acc")
-    if acc is not None and np.nanmax(acc, initial=0) > 1.0:
-        log.series["sample_acc"] = acc / 100
-        log.notes.append("sample_acc looked like a percentage (max > 1): divided by 100")
+    for name in ("sample_acc", "greedy_acc", "train_acc"):
+        acc = log.series.get(name)
+        if acc is None:
+            continue
+        finite = acc[np.isfinite(acc)]
+        if len(finite) and finite.max() > 1.0 and finite.max() <= 100.0 and finite.min() >= 0:
+            log.series[name] = acc / 100
+            log.notes.append(f"{name} looked like a percentage (max > 1): divided by 100")
+
+
+def _derive(log: RunLog) -> None:
+    s = log.series
+    # KL: a k3 estimate is >= 0 at every token; negative step means are a signed estimator (k1,
+    # often on sequence sums): the window means still estimate KL, single steps are noise.
+    if log.has("kl") and np.nanmin(s["kl"]) < -1e-9:
+        log.kl_signed = True
+        log.notes.append(f"kl has negative values (min {np.nanmin(s['kl']):.3g}): a signed estimator (k1), not k3; "
+                         "window means are read as they are and 'KL ~ 0' is judged on their magnitude")
+    components = {k[len("reward_"):]: v for k, v in s.items()
+                  if k.startswith("reward_") and k != "reward_aux" and k not in ALIASES}  # reward_std is not a component
+    correctness = {fn: v for fn, v in components.items() if CORRECTNESS.search(fn)}
+    aux = {fn: v for fn, v in components.items() if fn not in correctness}
+    if correctness and not log.has("train_acc"):
+        fn, v = next(iter(correctness.items()))
+        finite = v[np.isfinite(v)]
+        if len(finite) and finite.min() >= 0 and finite.max() <= 1:
+            s["train_acc"] = v.copy()
+            log.notes.append(f"derived: train_acc from the correctness component reward_{fn} (saturation and hacking "
+                             "are judged on it)")
+    if aux:
+        s["reward_aux"] = np.sum([np.nan_to_num(v) for v in aux.values()], axis=0)
+        s["reward_aux"][np.all([~np.isfinite(v) for v in aux.values()], axis=0)] = np.nan
+        log.notes.append(f"derived: reward_aux = {' + '.join('reward_' + fn for fn in aux)} (auxiliary components)")
+    if log.has("reward"):
+        top = float(np.nanmax(s["reward"]))
+        if top > log.max_reward + 1e-9:
+            maxima = [float(np.nanmax(v)) for v in components.values() if np.isfinite(v).any()]
+            if components and sum(maxima) >= top - 1e-9:
+                log.max_reward = float(sum(math.ceil(m - 1e-9) if m > 0 else 0 for m in maxima)) or top
+                log.notes.append(f"the combined reward exceeds 1 (max {top:.3g}): its maximum is taken as "
+                                 f"{log.max_reward:g}, the sum of the components' maxima")
+            else:
+                log.max_reward = top
+                log.reward_scale_known = False
+                log.notes.append(f"the combined reward exceeds 1 (max {top:.3g}) and the log does not say its maximum: "
+                                 "saturation is judged on a correctness component only")
+    if log.max_new_tokens is None:
+        _infer_cap(log)
+
+
+def _infer_cap(log: RunLog) -> None:
+    """max_new_tokens from the lengths, when they pile up at one ceiling: the largest value recurs
+    exactly (a mean equal to the cap means every completion of the step was cut there) and nothing
+    exceeds it. Three rows at the same maximum are not a coincidence for a continuous mean."""
+    for name in ("response_len_max", "response_len"):
+        if not log.has(name):
+            continue
+        v = log.series[name]
+        v = v[np.isfinite(v)]
+        top = float(v.max())
+        at_top = int(np.sum(v == top))
+        if at_top >= 3 and top >= 4 and float(top).is_integer():
+            log.max_new_tokens = int(top)
+            log.notes.append(f"derived: max_new_tokens = {int(top)}, inferred from {name}: {at_top} rows sit exactly at "
+                             "its maximum (lengths pile up at the cap)")
+            return

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.detectors import Diagnosis, Thresholds
+from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds, lead_time
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
@@ -42,8 +42,33 @@ def _num(x) -> float:
 
 
 def to_json(diag: Diagnosis, log: RunLog, th: Thresholds) -> dict:
-    return {"conditions": [c.as_dict() for c in diag.conditions], "summary": summary(log, th),
-            "not_assessable": diag.not_assessable, "notes": log.notes}
+    """JSON-safe: a value that is not a finite number (no data for it) is null, never NaN."""
+    return _finite({"conditions": [c.as_dict() for c in diag.conditions], "lead": lead_time(diag, log, th).as_dict(),
+                    "summary": summary(log, th), "not_assessable": diag.not_assessable, "notes": log.notes})
+
+
+def _finite(x):
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def lead_words(lead: Lead) -> str:
+    """'first warning at 125 (all_wrong_rising), first critical at 227 (loss_blowup); damage at 250 (...): paged 23 steps before'."""
+    def at(step, cid):
+        return f"at step {step} ({cid})" if step is not None else "none"
+    text = f"first warning {at(lead.first_warning, lead.warning)}, first critical {at(lead.first_critical, lead.critical)}; "
+    if lead.damage_step is None:
+        return text + f"no damage ({lead.damage})"
+    text += f"damage at step {lead.damage_step} ({lead.damage})"
+    if lead.lead is None:
+        return text + ": never paged critical"
+    return text + (f": paged {lead.lead} steps before it" if lead.lead > 0 else
+                   ": paged at the damage step" if lead.lead == 0 else f": paged {-lead.lead} steps after it")
 
 
 def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
@@ -63,6 +88,7 @@ def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         rc = sm["reward_curve"]
         lines.append(f"reward curve ({rc['window']}-step mean): {rc['start']:.3f} -> peak {rc['peak']:.3f} -> {rc['end']:.3f}; "
                      f"windowed sd (median) {rc['windowed_sd_median']:.3f}")
+    lines.append("lead: " + lead_words(lead_time(diag, log, th)))
     if diag.not_assessable:
         lines.append("not assessable: " + "; ".join(f"{k} ({v})" for k, v in diag.not_assessable.items()))
     return "\n".join(lines)
@@ -101,6 +127,9 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out += ["| severity | condition | steps | evidence | likely cause | suggested action |", "|---|---|---|---|---|---|"]
         out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence} | {c.cause} | {c.action} |"
                 for c in diag.conditions]
+    out += ["", "## Lead time", "", lead_words(lead_time(diag, log, th)) + ".", "",
+            f"Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
+            "evaluations: the reward's moving mean); the lead is the damage step minus the first critical verdict's."]
     if diag.not_assessable:
         out += ["", "Not assessable from this log:", ""]
         out += [f"- `{k}` ({BY_ID[k].signals}): {v}" for k, v in diag.not_assessable.items()]

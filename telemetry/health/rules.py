@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from grpo_sentinel.telemetry.health.detectors import Thresholds
+from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 
 TRAINER_SIDE = {
@@ -27,7 +27,16 @@ TRAINER_SIDE = {
                   "trainer sees every step, and its episode counter survives the scrape gap",
     "late_degradation": "it reads held-out accuracy per evaluation point against the binomial noise of the eval set; "
                         "a time window holds an unknown, varying number of evaluation points",
-    "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point",
+    "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "
+                      "its training-side half is a CUSUM (as correctness_drop)",
+    "loss_blowup": "it counts updates whose |loss| exceeds the run's early maximum, a distribution-free bound only the "
+                   "trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many",
+    "entropy_drift": "a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between "
+                     "evaluations",
+    "length_drift": "a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series "
+                    "do not carry",
+    "correctness_drop": "a CUSUM of training correctness against its running peak, over every step (as entropy_drift)",
+    "all_wrong_rising": "a CUSUM of the all-wrong share against its early level, over every step (as entropy_drift)",
 }
 # Where a PromQL row deliberately reads its detector differently.
 DIFFERS = {
@@ -46,6 +55,9 @@ class RuleParams:
     max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
     runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
     grafana: str = ""  # Grafana base URL: alerts then link the run's dashboard (`dashboard_url`)
+    # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
+    # keeps consecutive runs of the daemon on one pod apart in every window.
+    group_by: tuple[str, ...] = ("job", "instance", "run_id")
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
@@ -72,15 +84,19 @@ def parse_duration(text: str) -> int:
 RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", "kl_flat", "reward_drop", "loose_gap",
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
-                   "exploration_rise", "exploration_signal", "truncation", "wrong_longer")
+                   "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min")
 
 
 _DURATIONS = ("window", "pending", "stall")  # RuleParams fields in seconds, set as 300, 90s, 5m, 1h
 
 
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
 def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
     """Apply NAME=VALUE settings (a RuleParams field or a threshold in RULE_THRESHOLDS); any problem
-    raises ValueError saying what to write instead."""
+    raises ValueError saying what to write instead. Every value is checked against its domain (a
+    negative bound, a zero maximum reward, a fraction above 1 make rules that never or always fire)."""
     own = [f.name for f in fields(RuleParams) if f.name != "thresholds"]
     p_kw, th_kw = {}, {}
     for s in settings:
@@ -89,6 +105,13 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
             raise ValueError(f"{s!r}: write NAME=VALUE, e.g. kl_bound=0.5")
         if name not in own and name not in RULE_THRESHOLDS:
             raise ValueError(f"unknown rule setting {name!r}; known: {', '.join(own + list(RULE_THRESHOLDS))}")
+        if name == "group_by":
+            labels = tuple(x.strip() for x in value.split(",") if x.strip())
+            bad = [x for x in labels if not _LABEL.fullmatch(x)]
+            if not labels or bad:
+                raise ValueError(f"group_by={value!r}: give comma-separated label names, e.g. job,instance,run_id")
+            p_kw[name] = labels
+            continue
         kind = type(getattr(p if name in own else p.thresholds, name))
         if name in _DURATIONS:
             want = "duration" if name == "pending" else "positive duration"
@@ -103,11 +126,16 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
                 p_kw[name] = value
             else:
                 x = float(value)
-                if kind is int and not x.is_integer():
+                if not math.isfinite(x) or (kind is int and not x.is_integer()):
                     raise ValueError
                 (p_kw if name in own else th_kw)[name] = kind(x)
         except ValueError:
             raise ValueError(f"{name}={value!r} is not a {want}") from None
+        error = ("max_reward must be > 0 (the reward's maximum; rewards are judged as a fraction of it)"
+                 if name == "max_reward" and p_kw[name] <= 0 else
+                 threshold_error(name, th_kw[name]) if name in th_kw else None)
+        if error:
+            raise ValueError(f"{name}={value!r}: {error}")
     return replace(p, **p_kw, thresholds=replace(p.thresholds, **th_kw))
 
 
@@ -115,17 +143,24 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def _by(p: RuleParams, *extra: str) -> str:
+    """The aggregation clause every rule uses: `by (job, instance, run_id)` by default (RuleParams.group_by),
+    so two consecutive runs on one trainer never share a window."""
+    return f"by ({', '.join((*p.group_by, *extra))})"
+
+
 def recording_rules(p: RuleParams) -> list[dict]:
     w, w2 = duration(p.window), duration(2 * p.window)
+    by = _by(p)
 
     def avg(metric: str, rng: str, offset: str = "", sel: str = "") -> str:
         off = f" offset {offset}" if offset else ""
-        return f"avg by (job, instance) (avg_over_time({metric}{sel}[{rng}]{off}))"
+        return f"avg {by} (avg_over_time({metric}{sel}[{rng}]{off}))"
 
     def length_mean(offset: str = "") -> str:
         off = f" offset {offset}" if offset else ""
-        return (f"sum by (job, instance, correct) (rate(grpo_completion_length_sum[{w}]{off}))\n"
-                f"/ sum by (job, instance, correct) (rate(grpo_completion_length_count[{w}]{off}))")
+        return (f"sum {_by(p, 'correct')} (rate(grpo_completion_length_sum[{w}]{off}))\n"
+                f"/ sum {_by(p, 'correct')} (rate(grpo_completion_length_count[{w}]{off}))")
 
     rules = {
         # Window means of per-step gauges (w = the window, 2w = two windows), and the same window
@@ -145,17 +180,22 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:reward_over_accuracy:avg_2w": f"grpo:reward_mean:avg_2w / {_num(p.max_reward)} - grpo:train_accuracy:avg_2w",
         "grpo:loss:avg_2w": avg("grpo_loss", w2),
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
-        "grpo:loss:median_2w": f"avg by (job, instance) (quantile_over_time(0.5, grpo_loss[{w2}]))",
-        "grpo:loss:median_2w_prev2": f"avg by (job, instance) (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
+        "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}]))",
+        "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
-        "grpo:loss:se_2w": (f"avg by (job, instance) (stddev_over_time(grpo_loss[{w2}]))\n"
-                            f"/ sqrt(avg by (job, instance) (count_over_time(grpo_loss[{w2}])))"),
+        "grpo:loss:se_2w": (f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n"
+                            f"/ sqrt(avg {by} (count_over_time(grpo_loss[{w2}])))"),
+        # Standard error of the w KL mean from its step-to-step noise: the sd of consecutive differences
+        # (idelta at every evaluation of the window) / sqrt 2, over sqrt(samples): a trend only shifts
+        # the differences' mean (detectors._diff_se), for kl_acceleration.
+        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time(idelta(grpo_kl_mean[{duration(2 * p.window)}])[{w}:]))\n"
+                              f"/ {_num(math.sqrt(2))} / sqrt(avg {by} (count_over_time(grpo_kl_mean[{w}])))"),
         "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
         "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
         # The run's early entropy, as the trainer's monitor computed it, and ln V (= entropy / normalized).
-        "grpo:entropy:baseline": "max by (job, instance) (grpo_entropy_baseline)",
-        "grpo:ln_vocab": "max by (job, instance) (grpo_entropy_mean / grpo_entropy_normalized)",
+        "grpo:entropy:baseline": f"max {by} (grpo_entropy_baseline)",
+        "grpo:ln_vocab": f"max {by} (grpo_entropy_mean / grpo_entropy_normalized)",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
@@ -166,14 +206,14 @@ def recording_rules(p: RuleParams) -> list[dict]:
 
 def _aged(p: RuleParams, windows: int) -> str:
     """Present once the run has `windows` windows of history: detectors only judge full windows."""
-    return f"max by (job, instance) (grpo_step offset {duration(windows * p.window)})"
+    return f"max {_by(p)} (grpo_step offset {duration(windows * p.window)})"
 
 
 def _verdict(cid: str, p: RuleParams) -> str:
     """The trainer's verdict: active now, or an episode begun within the last window (a one-step
     condition may fall between two scrapes; the counter does not)."""
-    return (f'max by (job, instance) (grpo_health_condition{{condition="{cid}"}}) == 1\n'
-            f'or sum by (job, instance) (increase(grpo_health_episodes_total{{condition="{cid}"}}[{duration(p.window)}])) > 0')
+    return (f'max {_by(p)} (grpo_health_condition{{condition="{cid}"}}) == 1\n'
+            f'or sum {_by(p)} (increase(grpo_health_episodes_total{{condition="{cid}"}}[{duration(p.window)}])) > 0')
 
 
 def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
@@ -182,11 +222,11 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
     flat = f"abs(grpo:reward_mean:gain_2w) < {_num(t.reward_drop * p.max_reward)}"
     return {
         "adv_mean_drift": (
-            f"max by (job, instance) (abs(grpo_advantage_mean)) > {_num(t.adv_mean_tol)}",
+            f"max {_by(p)} (abs(grpo_advantage_mean)) > {_num(t.adv_mean_tol)}",
             "advantage mean {{ $value }} != 0: an implementation bug",
             f"Per-sequence advantages must average to 0 within each group (tolerance {_num(t.adv_mean_tol)}); the last step's mean is {{{{ $value }}}}."),
         "nonfinite": (
-            f'round(sum by (job, instance) (increase(grpo_updates_skipped_total{{reason="nonfinite"}}[{w}]))) > 0',
+            f'round(sum {_by(p)} (increase(grpo_updates_skipped_total{{reason="nonfinite"}}[{w}]))) > 0',
             "{{ $value }} update(s) skipped for NaN/Inf in the last " + w,
             f"Updates skipped because the loss or gradients were not finite: {{{{ $value }}}} in {w}; "
             f"{t.nonfinite_run} or more is critical."),
@@ -215,7 +255,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat."),
         "plateau_small_group": (
             f"grpo:frac_zero_std:avg_w >= {_num(t.small_group_zero)}\n"
-            f"and max by (job, instance) (grpo_group_size) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
+            f"and max {_by(p)} (grpo_group_size) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
             "G <= " + str(t.small_group) + ": reward flat, {{ $value | humanizePercentage }} of groups without signal",
             f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
             "and the reward flat: group statistics are too noisy to learn from."),
@@ -231,6 +271,15 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "KL rising to {{ $value }} with no reward signal left",
             f"Mean KL over {w} is {{{{ $value }}}}, more than twice its value {duration(2 * p.window)} ago, while at least "
             f"{_num(t.kl_dominant_zero)} of groups carry no reward signal: the KL term is the only gradient."),
+        "kl_acceleration": (
+            f"grpo:kl_mean:avg_w >= {_num(t.kl_accel_min)}\n"
+            f"and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > {_num(KL_ACCEL_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
+            f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
+            f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel ** 2))} * grpo:kl_mean:se_w\n"
+            f"and {_aged(p, 3)}",
+            "KL {{ $value }} and its growth accelerating",
+            f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
+            f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway."),
         "kl_only_learning": (
             "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
@@ -289,14 +338,17 @@ def alert_name(cid: str) -> str:
 
 
 def _dashboard(p: RuleParams) -> dict[str, str]:
-    """The alerting run's dashboard (grafana/dashboards/grpo-health.json): job and instance from the
-    alert's labels, the run id looked up in `target_info` when the alert fires."""
+    """The alerting run's dashboard (grafana/dashboards/grpo-health.json): job and run id from the
+    alert's own labels (every series carries run_id). Without run_id in group_by the alert has no
+    such label, and the run is looked up in `target_info` when the alert fires."""
     if not p.grafana:
         return {}
-    run = ('{{ with printf "max by (grpo_run_id) (target_info{job=%q, instance=%q})" $labels.job $labels.instance '
-           '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
-    return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}"
-                             f"&var-run={run}&var-instance={{{{ $labels.instance | urlquery }}}}"}
+    if "run_id" in p.group_by:
+        run = "{{ $labels.run_id | urlquery }}"
+    else:
+        run = ('{{ with printf "max by (grpo_run_id) (target_info{job=%q, instance=%q})" $labels.job $labels.instance '
+               '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
+    return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"}
 
 
 def health_rules(p: RuleParams) -> list[dict]:
@@ -332,11 +384,11 @@ def operational_rules(p: RuleParams) -> list[dict]:
     words = {anchor: (severity, cause, action) for anchor, severity, _, cause, action in OPERATIONAL}
     specs = [
         ("GRPOTrainingStalled", "training-stalled",
-         f"time() - max by (job, instance) (grpo_step_last_timestamp_seconds) > {p.stall}", "1m",
+         f"time() - max {_by(p)} (grpo_step_last_timestamp_seconds) > {p.stall}", "1m",
          "no training step for {{ $value | humanizeDuration }}",
          f"The last step completed {{{{ $value | humanizeDuration }}}} ago (threshold {duration(p.stall)})."),
         ("GRPOMetricsExportFailing", "metrics-export-failing",
-         f"sum by (job, instance) (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
+         f"sum {_by(p)} (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
          duration(2 * p.window), "OTLP metric exports failing ({{ $value }} recently)",
          "The trainer keeps training; metrics pushed over OTLP are being lost."),
     ]
@@ -371,7 +423,8 @@ _Dumper.add_representer(str, _str)
 
 def render(p: RuleParams = RuleParams()) -> str:
     header = (f"# grpo-sentinel health rules, generated by `grpo-sentinel rules` (telemetry/health/rules.py); do not edit.\n"
-              f"# window {duration(p.window)}, for {duration(p.pending)}, max reward {_num(p.max_reward)}; "
+              f"# window {duration(p.window)}, for {duration(p.pending)}, max reward {_num(p.max_reward)}, "
+              f"grouped by {', '.join(p.group_by)}; "
               "thresholds as in telemetry/health/detectors.py.\n"
               "# Rows the trainer judges itself (PromQL cannot express them) page on grpo_health_condition: "
               "see docs/runbook.md.\n")

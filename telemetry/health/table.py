@@ -44,7 +44,8 @@ TABLE: list[Row] = [
     Row("plateau_small_group", "warning", "reward flat and noisy (high windowed sd), G <= 4, high frac_zero_std",
         "G too small: noisy group statistics (variance of the mean ~ 1/G)", "raise G to 8-16",
         dont="just train longer: at G <= 4 the group noise does not average out (variance of the mean ~ 1/G)"),
-    Row("reward_hacking", "critical", "reward rising or high while sample_acc flat or falling beyond its noise",
+    Row("reward_hacking", "critical", "reward rising or high while sample_acc flat or falling beyond its noise; or, on the training samples, "
+        "the verifier's acceptance 10 % below its peak while an auxiliary reward holds",
         "the policy found a grader loophole", "audit the grader; make format rewards conditional on correctness",
         dont="change the grader blind: open the generations of the steps around the onset first; raising beta only"
              " slows a hack down"),
@@ -55,6 +56,11 @@ TABLE: list[Row] = [
         "collapse mode: with no reward signal left, only the KL term moves the policy",
         "mask zero-advantage groups; length-normalise or drop the KL",
         dont="raise beta: the KL term is already the only gradient"),
+    Row("kl_acceleration", "warning", "KL growing super-linearly: its growth over the last window at least twice the window before's",
+        "the update is running away from the reference (LR too high or rising, beta decaying)",
+        "lower the LR, raise beta or clip the update ratio before KL reaches its bound",
+        dont="wait for kl_runaway: by then the policy is already off the reference; and do not read steady, linear KL "
+             "growth as this (it is the healthy case)"),
     Row("entropy_collapse", "warning", "entropy far below its early baseline and falling, reward flat",
         "exploration lost; the model repeats itself", "raise the temperature, clip-higher, lower the LR",
         dont="confuse it with convergence on an easy task (that is reward_saturated: reward at its maximum, not "
@@ -63,6 +69,10 @@ TABLE: list[Row] = [
         "generation turning random", "stop; restore the last healthy checkpoint; lower the LR or clip",
         dont="page on entropy rising while reward rises and groups still carry signal: that is healthy exploration"
              " (`exploration`, info only)"),
+    Row("entropy_drift", "warning", "entropy rising away from its early baseline beyond its noise while the reward is not rising",
+        "generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup",
+        "inspect recent generations; lower the LR or the temperature before entropy reaches ln V",
+        dont="treat it as exploration: exploration is entropy rising *with* the reward (`exploration`, info)"),
     Row("exploration", "info", "entropy rising while reward rises and groups still carry signal",
         "healthy exploration", "none: annotate only",
         dont="lower the temperature or the LR: this is the healthy case"),
@@ -70,6 +80,11 @@ TABLE: list[Row] = [
         "numerics or a bad batch", "inspect the step's samples",
         dont="halt on one spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
              "is exactly 0 on a step without signal)"),
+    Row("loss_blowup", "critical", "|loss| above its early range (an order of magnitude over its early median) on a sustained share of updates",
+        "the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next",
+        "stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR",
+        dont="read one spike as this (that is loss_spike, a warning), or wait for the reward to fall: the loss blows up "
+             "tens of steps before the damage shows"),
     Row("kl_only_learning", "warning", "loss falling while reward flat",
         "the optimiser is only shrinking KL", "check the reward signal and beta",
         dont="read the falling loss as progress: in GRPO the loss is not a progress measure; the reward and "
@@ -81,6 +96,18 @@ TABLE: list[Row] = [
     Row("length_pathology", "warning", "truncation rate high (length pinned at max_new_tokens), or wrong answers growing longer than right ones",
         "length bias or runaway generation", "overlong penalty or filter; token-level loss",
         dont="raise max_new_tokens to make truncation go away: it hides runaway generation and costs memory"),
+    Row("length_drift", "warning", "completion length drifting up toward the cap, with the share of capped completions rising",
+        "length bias or runaway generation starting: the early sign of length_pathology",
+        "look at the longest recent completions; add an overlong penalty or a length-normalised loss",
+        dont="raise max_new_tokens: the drift follows the cap"),
+    Row("correctness_drop", "warning", "the verifier's acceptance of the training samples falling beyond its noise while an auxiliary reward (format, length, style) holds or rises",
+        "the policy is learning the auxiliary reward instead of the task: reward hacking on the training samples",
+        "open the step's generations; make the auxiliary reward conditional on correctness",
+        dont="wait for the held-out evaluation: it is sparse, and hacking shows on the training samples first"),
+    Row("all_wrong_rising", "warning", "the share of all-wrong groups rising above its early level beyond its noise",
+        "the policy is getting worse at the task (groups with no right answer teach nothing)",
+        "check the LR and the reward; lower the LR or use easier prompts",
+        dont="read it as harder prompts without checking: the prompt mix does not change mid-run unless a curriculum does it"),
 ]
 
 BY_ID = {r.id: r for r in TABLE}

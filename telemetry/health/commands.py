@@ -1,0 +1,105 @@
+"""`grpo-sentinel diagnose` and `grpo-sentinel rules`: argument checks and the commands themselves.
+
+service/cli.py only declares the arguments; what they mean and every error lives here. A bad
+input or argument exits 2 with one line on stderr naming the file or field and what to do, never
+a traceback, and nothing is written that was not asked for: every output path is checked before
+anything is read or written. This module imports nothing heavy, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+FORMATS = ["auto", "sentinel", "book", "csv", "trl", "verl", "openrlhf", "jsonl"]
+
+
+def whole_number(minimum: int, what: str):
+    """argparse type: a whole number >= minimum (argparse then exits 2 with the message)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({what})") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} ({what}), got {value}")
+        return value
+    return parse
+
+
+def _fail(message: str) -> int:
+    print(f"grpo-sentinel diagnose: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _output(path: Path | None, flag: str, suffix: str) -> str | None:
+    """Why `path` cannot be written as the output of `flag`, or None."""
+    if path is None:
+        return None
+    if path.is_dir():
+        return f"{flag} {path}: is a directory; give a file name, e.g. {path / ('run' + suffix)}"
+    if path.suffix.lower() != suffix:
+        return f"{flag} {path}: give a {suffix} file name (e.g. {path.with_suffix(suffix)})"
+    if not path.parent.is_dir():
+        return f"{flag} {path}: the directory {path.parent} does not exist; create it first"
+    return None
+
+
+def diagnose_command(args) -> int:
+    import json
+    import math
+
+    problem = _output(args.report, "--report", ".md") or _output(args.plot, "--plot", ".png")
+    if problem:
+        return _fail(problem)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  (checked before anything is written)
+        except ImportError:
+            return _fail("--plot needs matplotlib: .venv/bin/pip install -e '.[plot]'")
+
+    from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
+    from grpo_sentinel.telemetry.health.ingest import IngestError, load
+    from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text
+
+    try:
+        log = load(args.path, args.format)
+    except IngestError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"{args.path}: cannot read ({e.strerror or e})")
+    except RecursionError:
+        return _fail(f"{args.path}: nested too deeply to be a run log")
+    log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
+    log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
+    log.eval_n = args.eval_n or log.eval_n
+    window = args.window or log.window or auto_window(log.completions_per_step)
+    th = Thresholds(window=window)
+    result = diagnose(log, th)
+    if args.plot:
+        try:
+            plot(result, log, th, args.plot)
+        except (RuntimeError, OSError) as e:
+            return _fail(f"--plot {args.plot}: {e}")
+    if args.report:
+        try:
+            args.report.write_text(to_markdown(result, log, th))
+        except OSError as e:
+            return _fail(f"--report {args.report}: cannot write ({e.strerror or e})")
+    print(json.dumps(to_json(result, log, th), indent=1, allow_nan=False) if args.json
+          else to_text(result, log, th))
+    return 0
+
+
+def rules_command(settings: list[str]) -> int:
+    from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
+
+    try:
+        params = with_settings(RuleParams(), settings)
+    except ValueError as e:
+        print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(render(params), end="")
+    return 0

@@ -1,0 +1,165 @@
+"""Logs in the wild: KL under its common names, signed estimators, auxiliary reward columns, verl and
+OpenRLHF JSONL logs, TRL's trainer_state.json; every column recognised, ignored or derived is
+listed in the notes, and correctness is judged on the correctness component."""
+
+import json
+
+import numpy as np
+import pytest
+
+import zoo
+from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.health.ingest import IngestError, load
+
+
+def csv_log(path, columns: dict[str, np.ndarray]) -> None:
+    names = list(columns)
+    n = len(next(iter(columns.values())))
+    lines = [",".join(names)] + [",".join("" if not np.isfinite(columns[c][i]) else f"{columns[c][i]:.6g}" for c in names)
+                                 for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def noted(log, column: str) -> bool:
+    return any(column in n for n in log.notes)
+
+
+@pytest.mark.parametrize("name", ["kl", "kl_loss", "objective/kl", "actor/kl_loss", "kl_div", "kl_divergence", "critic/kl"])
+def test_kl_under_its_common_names(tmp_path, name):
+    steps = np.arange(1, 41, dtype=float)
+    csv_log(tmp_path / "m.csv", {"step": steps, "reward": np.full(40, 0.5), name: 0.01 * steps})
+    log = load(tmp_path / "m.csv")
+    assert log.series["kl"][-1] == pytest.approx(0.4) and not log.kl_signed
+    assert name == "kl" or noted(log, f"{name} -> kl")
+    assert "kl_runaway" not in diagnose(log).not_assessable
+
+
+def test_policy_to_old_policy_kl_is_not_kl_to_the_reference(tmp_path):
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, 11.0), "reward": np.full(10, 0.5), "approx_kl": np.full(10, 0.2)})
+    log = load(tmp_path / "m.csv")
+    assert "kl" not in log.series and noted(log, "approx_kl (old-vs-new policy KL")
+
+
+def test_a_signed_kl_estimator_is_kept_and_said(tmp_path):
+    rng = np.random.default_rng(0)
+    kl = 0.002 + 0.01 * rng.standard_normal(60)  # k1 on sequence sums: unbiased, but single steps go negative
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, 61.0), "reward": np.full(60, 0.5), "kl_loss": kl})
+    log = load(tmp_path / "m.csv")
+    assert log.kl_signed and noted(log, "a signed estimator (k1)")
+    assert np.allclose(log.series["kl"], kl, atol=1e-6)
+
+
+def test_auxiliary_rewards_never_make_a_healthy_run_look_saturated(tmp_path):
+    """reward_avg = correctness (~0.5) + a format reward the policy has maxed (1.0): the combined
+    reward is ~1.5 >= 0.95, and a 'reward ~ its maximum' rule on it would stop a healthy run
+    (health.stop_on: [reward_saturated]). Judged on the correctness component it is not saturated."""
+    rng = np.random.default_rng(1)
+    n = 120
+    correct = rng.binomial(64, 0.5, n) / 64
+    fmt = np.ones(n)
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, n + 1.0), "reward_avg": correct + fmt,
+                                 "correctness_reward_avg": correct, "format_reward_avg": fmt, "loss": np.zeros(n)})
+    log = load(tmp_path / "m.csv")
+    assert np.allclose(log.series["train_acc"], correct, atol=1e-6) and noted(log, "train_acc from the correctness component")
+    assert np.allclose(log.series["reward_aux"], fmt) and log.max_reward == 2
+    assert noted(log, "correctness_reward_avg (correctness)") and noted(log, "format_reward_avg (auxiliary)")
+    assert "reward_saturated" not in {c.id for c in diagnose(log).conditions}
+
+
+def test_a_combined_reward_above_one_without_components_is_not_judged_for_saturation(tmp_path):
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, 61.0), "reward": np.full(60, 1.6)})
+    log = load(tmp_path / "m.csv")
+    d = diagnose(log)
+    assert "reward_saturated" in d.not_assessable and not d.conditions
+    assert noted(log, "does not say its maximum")
+
+
+def test_trl_trainer_state_with_reward_functions_and_garbage_entries(tmp_path):
+    rng = np.random.default_rng(2)
+    history = []
+    for s in range(1, 81):
+        acc = float(rng.binomial(16, 0.4) / 16)
+        history.append({"step": s, "epoch": s / 80, "loss": 1e-3 * float(rng.standard_normal()), "reward": acc + 1.0,
+                        "reward_std": 0.3, "rewards/accuracy_reward/mean": acc, "rewards/accuracy_reward/std": 0.4,
+                        "rewards/format_reward/mean": 1.0, "kl": 0.001 * s, "entropy": 0.9,
+                        "frac_reward_zero_std": 0.2, "completions/mean_length": 120.0, "completions/max_length": 256.0,
+                        "completions/clipped_ratio": 0.05, "learning_rate": 1e-6, "grad_norm": 0.3})
+        if s % 20 == 0:
+            history.append({"step": s, "eval_accuracy": 0.4, "eval_loss": 0.1})
+    history += [17, "garbage", None, {"step": "abc", "reward": 1}, {"reward": 2}, {"step": 81, "reward": "high", "kl": [1]},
+                {"step": 82, "train_runtime": 9.0, "train_loss": 0.1}]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    log = load(tmp_path / "trainer_state.json")
+    assert log.format == "trl" and len(log) == 82
+    assert noted(log, "3 log_history entries are not objects") and noted(log, "without a numeric 'step' skipped")
+    assert log.series["sample_acc"][19] == 0.4 and noted(log, "eval_accuracy -> sample_acc")
+    assert noted(log, "rewards/accuracy_reward/mean (correctness)") and noted(log, "rewards/format_reward/mean (auxiliary)")
+    assert log.max_reward == 2 and log.has("train_acc") and log.has("reward_aux")
+    assert noted(log, "completions/clipped_ratio -> truncation_rate") and noted(log, "epoch (not a per-step signal)")
+    assert "reward_saturated" not in {c.id for c in diagnose(log).conditions}
+
+
+def test_verl_jsonl(tmp_path):
+    rng = np.random.default_rng(3)
+    lines = []
+    for s in range(1, 101):
+        data = {"critic/score/mean": float(rng.binomial(64, 0.5) / 64), "critic/rewards/mean": 0.5,
+                "actor/kl_loss": 0.001 * s, "actor/pg_loss": 0.01 * float(rng.standard_normal()),
+                "actor/entropy": 1.1, "actor/ppo_kl": 1e-4, "response_length/mean": 300.0,
+                "response_length/max": 1024.0 if s % 7 == 0 else 900.0, "response_length/clip_ratio": 0.02,
+                "actor/grad_norm": 0.2, "actor/lr": 1e-6, "timing_s/step": 30.0}
+        if s % 10 == 0:
+            data["val-core/openai/gsm8k/acc/mean@1"] = 0.6
+        lines.append(json.dumps({"step": s, "data": data}))
+    lines.insert(5, "not json")
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    log = load(tmp_path / "metrics.jsonl")
+    assert log.format == "verl" and len(log) == 100 and noted(log, "1 lines are not JSON objects")
+    assert log.series["kl"][-1] == pytest.approx(0.1) and log.series["sample_acc"][9] == 0.6
+    assert noted(log, "critic/score/mean -> reward") and noted(log, "actor/pg_loss -> loss")
+    assert noted(log, "actor/ppo_kl (old-vs-new policy KL") and noted(log, "critic/rewards/mean (duplicate of")
+    assert log.max_new_tokens == 1024 and noted(log, "max_new_tokens = 1024, inferred from response_len_max")
+
+
+def test_openrlhf_jsonl(tmp_path):
+    lines = [json.dumps({"global_step": s, "policy_loss": 0.01, "kl": 0.002 * s, "reward": 0.4, "return": 0.3,
+                         "response_length": 200.0, "total_length": 400.0, "actor_lr": 5e-7,
+                         **({"eval_gsm8k_pass1": 0.5} if s % 10 == 0 else {})}) for s in range(1, 51)]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines))
+    log = load(tmp_path / "train.jsonl")
+    assert log.format == "openrlhf" and log.series["sample_acc"][9] == 0.5
+    assert noted(log, "global_step -> step") and noted(log, "policy_loss -> loss") and noted(log, "actor_lr -> lr")
+    assert noted(log, "total_length (no row reads it)") and noted(log, "return (no row reads it)")
+
+
+def test_every_column_is_accounted_for(tmp_path):
+    """Each column of the log appears in the notes: read (under its own or our name), a reward
+    component, or ignored with the reason."""
+    cols = {"step": np.arange(1, 31.0), "reward_avg": np.full(30, 0.5), "kl_loss": np.full(30, 0.01),
+            "format_reward": np.ones(30), "mystery": np.arange(30.0), "notes": np.full(30, np.nan)}
+    csv_log(tmp_path / "m.csv", cols)
+    log = load(tmp_path / "m.csv")
+    text = " ".join(log.notes)
+    assert all(c in text for c in cols), log.notes
+    assert noted(log, "mystery (no row reads it)") and noted(log, "notes (no numeric value)")
+
+
+def test_our_record_reads_as_before():
+    log = zoo.make(zoo.healthy, 0)  # our own names pass through unchanged
+    assert {"reward", "kl", "loss", "entropy", "frac_zero_std", "train_acc"} <= set(log.series)
+
+
+def test_a_cap_is_inferred_only_from_a_pile_up(tmp_path):
+    lengths = np.linspace(100, 500, 40)
+    csv_log(tmp_path / "a.csv", {"step": np.arange(1, 41.0), "reward": np.full(40, 0.5), "response_len": lengths})
+    assert load(tmp_path / "a.csv").max_new_tokens is None  # a maximum that occurs once is no ceiling
+    lengths[[5, 17, 30]] = 512
+    lengths = np.minimum(lengths, 512)
+    csv_log(tmp_path / "b.csv", {"step": np.arange(1, 41.0), "reward": np.full(40, 0.5), "response_len": lengths})
+    assert load(tmp_path / "b.csv").max_new_tokens == 512
+
+
+def test_a_jsonl_without_steps_is_a_clear_error(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"reward": 1}\n{"reward": 2}\n')
+    with pytest.raises(IngestError, match="no step column"):
+        load(tmp_path / "x.jsonl")

@@ -1,0 +1,82 @@
+"""The online monitor is `diagnose`, one step at a time: same verdicts at every step, bounded memory
+(so a step costs the same at step 100 and at step 1,000,000), and a resumed run continues exactly."""
+
+import math
+
+import numpy as np
+import pytest
+
+import zoo
+from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose, lookback
+from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.monitor import HealthMonitor
+from grpo_sentinel.telemetry.schema import RunInfo, Scales
+
+
+def monitor_for(log: RunLog, th: Thresholds = Thresholds()) -> HealthMonitor:
+    m = HealthMonitor(frozenset(), frozenset(), th, group_size=log.group_size)
+    m.start(RunInfo("r", "m", "grpo", Scales(log.max_reward, log.ln_vocab, log.max_new_tokens)))
+    m._eval_n = log.eval_n  # the trainer learns n at its first evaluation; the zoo knows it up front
+    return m
+
+
+def rows(log: RunLog, lo: int = 0, hi: int | None = None):
+    for i in range(lo, len(log) if hi is None else hi):
+        yield {k: float(v[i]) for k, v in log.series.items()}
+
+
+@pytest.mark.parametrize("gen", list(zoo.ZOO), ids=lambda g: g.__name__)
+def test_online_verdicts_are_the_offline_ones_at_every_step(gen):
+    log = zoo.make(gen, 0)
+    offline = diagnose(log)
+    m = monitor_for(log)
+    for i, row in enumerate(rows(log)):
+        online = {c.id for c in m.judge(row).active}
+        assert online == {cid for cid, mask in offline.masks.items() if mask[i]}, (i + 1, online)
+        assert len(m._rows["step"]) <= lookback(m.thresholds)  # a bounded tail: the cost of a step is bounded
+
+
+def test_the_exported_entropy_baseline_is_the_diagnosis_one():
+    log = zoo.make(zoo.entropy_blowup, 0)
+    m = monitor_for(log)
+    verdicts = [m.judge(row) for row in rows(log)]
+    assert math.isnan(verdicts[0].entropy_baseline)  # not known before the early period is in
+    assert verdicts[-1].entropy_baseline == diagnose(log).entropy_baseline
+
+
+@pytest.mark.parametrize("gen", [zoo.loss_blowup, zoo.format_hacking, zoo.kl_dominant, zoo.late_degradation],
+                         ids=lambda g: g.__name__)
+def test_a_resumed_monitor_continues_exactly(gen):
+    """seed() replays the record in one vectorised pass: CUSUMs, peaks, early statistics and the
+    recent evaluation points continue as if the run had never stopped."""
+    log = zoo.make(gen, 1)
+    whole = monitor_for(log)
+    expected = [{c.id for c in whole.judge(row).active} for row in rows(log)]
+    cut = 173
+    head = RunLog({k: v[:cut] for k, v in log.series.items()}, "record", "sentinel")
+    resumed = monitor_for(log)
+    resumed.seed(head)
+    got = [{c.id for c in resumed.judge(row).active} for row in rows(log, cut)]
+    assert got == expected[cut:]
+
+
+def test_per_step_state_does_not_grow_with_the_run():
+    """20,000 steps: the tail stays at lookback() rows and the carried state at a handful of numbers."""
+    n = 20_000
+    rng = np.random.default_rng(0)
+    t = np.arange(1, n + 1, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 5000))
+    acc = np.full(n, np.nan)
+    acc[19::20] = rng.binomial(200, p[19::20]) / 200
+    series = {"step": t, "reward": rng.binomial(64, p) / 64, "kl": 0.01 + 0.001 * rng.standard_normal(n),
+              "loss": 0.01 * rng.standard_normal(n), "entropy": 0.6 + 0.02 * rng.standard_normal(n),
+              "sample_acc": acc, "_nonfinite": np.zeros(n)}
+    log = RunLog(series, "long", "sentinel", eval_n=200, ln_vocab=math.log(15), max_new_tokens=64)
+    m = monitor_for(log)
+    sizes = []
+    for i, row in enumerate(rows(log)):
+        m.judge(row)
+        if i in (1_000, 19_999):
+            sizes.append((len(m._rows["step"]), sum(np.size(v) if not isinstance(v, dict) else sum(map(np.size, v.values()))
+                                                    for v in m._state.values())))
+    assert sizes[0] == sizes[1] and sizes[0][0] == lookback(m.thresholds), sizes
