@@ -111,8 +111,11 @@ def test_the_api_queues_runs_validates_every_field_and_serves_record_and_report(
     code, text = d.call("GET", "/v1/runs/a/report")
     assert code == 200 and text.startswith("# Monitoring report") and "## Verdicts" in text
     assert d.wait_status("b", {"completed"})["step"] == 2
-    metrics = urllib.request.urlopen(d.url + "/metrics").read().decode()
-    assert 'grpo_runs{status="completed"} 2.0' in metrics and 'grpo_runs_finished_total{status="completed"} 2.0' in metrics
+
+    def counted() -> bool:  # the summary says completed just before the training process exits
+        metrics = urllib.request.urlopen(d.url + "/metrics").read().decode()
+        return 'grpo_runs{status="completed"} 2.0' in metrics and 'grpo_runs_finished_total{status="completed"} 2.0' in metrics
+    assert wait_for(counted, 60, 0.1)
 
 
 def test_the_running_run_stops_through_the_api_and_metrics_carry_it(daemons, demo_dir):
