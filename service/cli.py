@@ -201,9 +201,7 @@ def _train(args) -> int:
         signals.trainer = trainer
         result = trainer.loop()
     except Interrupted as e:
-        if run is None:
-            print(f"grpo-sentinel: {e} before any run was created", file=sys.stderr)
-        elif run.discard():
+        if run is None or run.discard():
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         else:
             run.update_summary(status="preempted", reason=str(e))  # the loop, if it ran, wrote its own summary first
