@@ -31,7 +31,7 @@ from grpo_sentinel.service.config import DEMO, Config, SetupError
 from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, fit_prompts, load_datasets
 from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
-from grpo_sentinel.service.record import RunRecord, recorded_steps
+from grpo_sentinel.telemetry.record import RunRecord, recorded_steps
 from grpo_sentinel.service.rewards import RewardScorer, StepAbandoned
 from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
 from grpo_sentinel.telemetry.drops import DROPS

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, answers, cli, free_port, wait_for
+from conftest import REPO, answers, cli, free_port, query_range, wait_for
 
 RUN = {"run": {"steps": 12, "sample_every": 6, "checkpoint_every": 2, "eval_seed": 7}, "data": {"eval_size": 40}}
 
 
 class Daemon:
-    def __init__(self, state: Path, *extra: str, env: dict | None = None, host: str = "127.0.0.1"):
-        self.port = free_port()
+    def __init__(self, state: Path, *extra: str, env: dict | None = None, host: str = "127.0.0.1", port: int | None = None):
+        self.port = port or free_port()
         self.listen = f"{host}:{self.port}"
         self.url = f"http://127.0.0.1:{self.port}"
         self.state = state
@@ -227,3 +227,33 @@ def test_the_openapi_document_is_checked_in():
     assert json.loads((REPO / "docs" / "openapi.json").read_text()) == doc, \
         "run: python -m grpo_sentinel.service.daemon.app > docs/openapi.json"
     assert "Config" in doc["components"]["schemas"]  # the body of POST /v1/runs is the train config
+
+
+def test_a_real_prometheus_keeps_two_consecutive_runs_apart_and_an_idle_daemon_never_stalls(prometheus, tmp_path, demo_dir):
+    """The daemon's /metrics is the pod's one scrape target: across two runs one after the other, every
+    run's series carry its own run_id, the rules evaluate per run, and between and after the runs no
+    series says a step is overdue, so GRPOTrainingStalled cannot fire on an idle daemon."""
+    query, target, web = prometheus
+    t0 = time.time()
+    d = Daemon(tmp_path / "state", port=target)  # on the port the Prometheus scrapes
+    try:
+        d.ready()
+        for run_id in ("first", "second"):
+            d.call("POST", "/v1/runs", {"run": {"steps": 25, "run_id": run_id, "sample_every": 25}, "data": {"eval_size": 20}})
+        d.wait_status("second", {"completed"})
+        assert wait_for(lambda: not query('count(grpo_step{run_id="second"} offset 1s)') == [], 30, 0.2)
+        time.sleep(1)  # a few idle scrapes after the last run
+        end = time.time()
+        per_run = query_range(web, "max by (run_id) (grpo_step)", t0, end)
+        assert {r["metric"]["run_id"]: max(float(v) for _, v in r["values"]) for r in per_run} == {"first": 25, "second": 25}
+        # A window mean never spans both runs: each run's recording rule is its own series.
+        windows = query_range(web, "grpo:reward_mean:avg_w", t0, end)
+        assert {r["metric"].get("run_id") for r in windows} == {"first", "second"}
+        stalled = query_range(web, 'ALERTS{alertname="GRPOTrainingStalled"}', t0, end)
+        assert stalled == []
+        assert query("grpo_step") == []  # idle now: no run series at all
+        groups = json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/rules"))["data"]["groups"]
+        assert all(r["health"] == "ok" for g in groups for r in g["rules"]), [r for g in groups for r in g["rules"]
+                                                                             if r["health"] != "ok"][:3]
+    finally:
+        d.stop(signal.SIGKILL)

@@ -14,52 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import answers, cli, free_port, installed, new_run, wait_for
+from conftest import FAST_RULES, answers, cli, free_port, installed, new_run, query_range, wait_for
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
-from grpo_sentinel.telemetry.health.rules import RuleParams, render
-
-# The shipped rules with windows for the demo's pace (~5 steps a second, scraped every 200 ms): a
-# 2 s window is ~10 steps, about the detectors' own window for the demo (7 steps).
-FAST_RULES = RuleParams(window=2, pending=1)
 
 STEPS = 30
 
 
 def csv_rows(run_dir: Path) -> list[dict]:
     return list(csv.DictReader((run_dir / "steps.csv").open()))
-
-
-@pytest.fixture
-def prometheus(tmp_path):
-    """A real Prometheus on 127.0.0.1 with the alert rules, scraping every 200 ms; yields (query, target port,
-    web port)."""
-    binary = installed("prometheus", "prometheus")
-    target, web = free_port(), free_port()
-    rules = tmp_path / "grpo-rules.yml"
-    rules.write_text(render(FAST_RULES))
-    (tmp_path / "prometheus.yml").write_text(
-        "global: {scrape_interval: 200ms, evaluation_interval: 200ms}\n"
-        f"rule_files: ['{rules}']\n"
-        f"scrape_configs: [{{job_name: grpo, static_configs: [{{targets: ['127.0.0.1:{target}']}}]}}]\n")
-    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def query(expr: str) -> list:
-        url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        return json.load(urllib.request.urlopen(url))["data"]["result"]
-
-    assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
-    yield query, target, web
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
-def query_range(web: int, expr: str, start: float, end: float) -> list:
-    args = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 0.5})
-    body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query_range?{args}"))
-    assert body["status"] == "success", body
-    return body["data"]["result"]
 
 
 def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tmp_path, prometheus, demo_dir):

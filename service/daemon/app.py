@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from grpo_sentinel.service.config import Config, format_error_list
 from grpo_sentinel.service.daemon.supervisor import Supervisor
-from grpo_sentinel.service.record import last_row
+from grpo_sentinel.telemetry.record import last_row
 from grpo_sentinel.service.runs import RunDirError
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.traces import credentials_from_env, links_from
