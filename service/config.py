@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from grpo_sentinel.telemetry.settings import HealthSettings, Section, TelemetrySettings, TracesSettings
+from grpo_sentinel.telemetry.settings import HealthSettings, Section, TelemetrySettings, TracesSettings, error_lines
 
 DEMO = "demo"  # model.path / data.path value that selects the embedded tiny model and task
 
@@ -260,27 +260,4 @@ def format_errors(e: ValidationError) -> str:
 def format_error_list(errors: list[dict]) -> str:
     """Pydantic's errors as one message: every problem, its field path, and for a misspelt key the nearest one."""
     lines = [f"invalid config ({len(errors)} problem{'s' * (len(errors) > 1)}):"]
-    for err in errors:
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key{_did_you_mean(err['loc'])}"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
-            msg += f" (got {err['input']!r})"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
-
-
-def _did_you_mean(loc: tuple) -> str:
-    """Walk the model tree along `loc` to the section that rejected the key; suggest its nearest field."""
-    model: type[BaseModel] = Config
-    for part in loc[:-1]:
-        if isinstance(part, int):
-            continue
-        ann = model.model_fields[part].annotation
-        ann = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return ""
-        model = ann
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(model.model_fields)})"
+    return "\n".join(lines + [f"  - {line}" for line in error_lines(errors, Config)])

@@ -18,13 +18,13 @@ import shutil
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from grpo_sentinel.service.config import Config, ConfigError, validate
+from grpo_sentinel.telemetry import runfiles
 
 # Fields a resume may change: they change neither what the recorded steps mean nor the shape of the
 # checkpoint (how long to train, how often to evaluate and checkpoint, where it runs, how it is
@@ -47,10 +47,6 @@ class Interrupted(BaseException):
     """Raised by an entry point's signal handler to stop at once (a signal outside the training loop,
     or a second one inside it); the newest complete checkpoint is the resume point. (Here, not with
     the trainer: the handler is installed before torch is imported.)"""
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -176,34 +172,20 @@ class RunDir:
             raise RunDirError(f"{self.config_path}: {e}") from None
 
     def read_summary(self) -> dict:
-        if not self.summary_path.is_file():
-            return {}
         try:
-            summary = json.loads(self.summary_path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise RunDirError(f"{self.summary_path} is corrupt ({e}): move it away to resume from the checkpoints") from None
-        if not isinstance(summary, dict):
-            raise RunDirError(f"{self.summary_path} is corrupt (not an object): move it away to resume")
-        return summary
+            return runfiles.read_summary(self.summary_path)
+        except ValueError as e:
+            raise RunDirError(f"{e}: move it away to resume from the checkpoints") from None
 
     def write_summary(self, summary: dict) -> None:
-        tmp = self.summary_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        tmp.replace(self.summary_path)
+        runfiles.write_summary(self.summary_path, summary)
 
     def update_summary(self, **fields: Any) -> dict:
         """Merge `fields` into the summary (e.g. a failure's status and reason), keeping the rest."""
-        try:
-            summary = self.read_summary()
-        except RunDirError:
-            summary = {}
-        summary.update(fields, updated_at=_now())
-        self.write_summary(summary)
-        return summary
+        return runfiles.update_summary(self.summary_path, **fields)
 
     def event(self, kind: str, **fields: Any) -> None:
-        with (self.path / "events.jsonl").open("a") as f:
-            f.write(json.dumps({"time": _now(), "event": kind, **fields}) + "\n")
+        runfiles.event(self.path / "events.jsonl", kind, **fields)
 
     def events(self) -> list[dict]:
         path = self.path / "events.jsonl"
@@ -225,7 +207,7 @@ class RunDir:
             raise RunLocked(f"run {self.path} is being trained by {self.holder() or 'another process'}: "
                             "stop that one first (a killed process releases the lock by itself)") from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}).encode())
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": runfiles.now()}).encode())
         self._lock_fd = fd
 
     def holder(self) -> str:

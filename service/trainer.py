@@ -297,8 +297,7 @@ class Trainer:
             return self._stopped()
         verdict = self.monitor.observe(stats) if self.monitor else None
         if verdict is not None:
-            stats = replace(stats, health=tuple(c.id for c in verdict.active),
-                            health_new=tuple(c.id for c in verdict.new), entropy_baseline=verdict.entropy_baseline)
+            stats = verdict.stamp(stats)
             self._healthy = not verdict.critical
             for c in verdict.new:
                 st.conditions.setdefault(c.id, c.first_step)

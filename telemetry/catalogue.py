@@ -46,22 +46,38 @@ class Metric:
 
 
 def _one(field: str) -> Callable[[StepStats], Points]:
-    return lambda s: [(getattr(s, field), {})]
+    """The step's `field`; absent when nothing measured it (StepStats.unmeasured), so a histogram never
+    counts "not measured" as a rejected non-finite value."""
+    return lambda s: [] if field in s.unmeasured else [(getattr(s, field), {})]
+
+
+def _per_completion(points: Callable[[StepStats], Points]) -> Callable[[StepStats], Points]:
+    """A row read from the step's per-completion values: absent when the producer has none (a trainer
+    that logs only means, e.g. TRL without wrapped rewards)."""
+    return lambda s: [] if s.samples is None else points(s)
 
 
 def _each(field: str, **attrs: str) -> Callable[[StepStats], Points]:
-    return lambda s: [(float(v), attrs) for v in getattr(s.samples, field)]
+    """Every completion's `field`; absent when the producer could not measure it (Samples.unmeasured)."""
+    return _per_completion(lambda s: [] if field in s.samples.unmeasured else
+                           [(float(v), attrs) for v in getattr(s.samples, field)])
 
 
 def _linear(top: Callable[[Scales], float], n: int = 10) -> Callable[[Scales], list[float]]:
     return lambda sc: [round(top(sc) * i / n, 6) for i in range(1, n + 1)]
 
 
+@_per_completion
 def _lengths(s: StepStats) -> Points:
     x = s.samples
+    if "length" in x.unmeasured:
+        return []
+    if "correct" in x.unmeasured:  # no verifier: the lengths are still real, their split is not known
+        return [(float(v), {"correct": "unknown"}) for v in x.length]
     return [(float(v), {"correct": str(bool(c)).lower()}) for v, c in zip(x.length, x.correct)]
 
 
+@_per_completion
 def _components(s: StepStats) -> Points:
     return [(float(v), {"function": name}) for name, vs in s.samples.components.items() for v in vs]
 
@@ -91,8 +107,9 @@ def _skipped(s: StepStats) -> Points:
     return [(1.0, {"reason": s.skipped})] if s.skipped else []
 
 
+@_per_completion
 def _tokens(s: StepStats) -> Points:
-    return [(float(s.samples.length.sum()), {})]
+    return [] if "length" in s.samples.unmeasured else [(float(s.samples.length.sum()), {})]
 
 
 def _rewards_invalid(s: StepStats) -> Points:
@@ -114,12 +131,13 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.entropy", "histogram", "{nat}", "completion", "Token-mean entropy (un-tempered, nats) of each completion.",
            _each("entropy"), lambda sc: [round(sc.ln_vocab * f, 6) for f in (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.9, 1.0)]),
     Metric("grpo.advantage.abs", "histogram", "1", "completion", "abs(advantage) of each valid completion (signed values: the gauges).",
-           lambda s: [(abs(float(a)), {}) for a, ok in zip(s.samples.advantage, ~np.isnan(s.samples.reward)) if ok],
+           _per_completion(lambda s: [(abs(float(a)), {}) for a, ok in zip(s.samples.advantage, ~np.isnan(s.samples.reward)) if ok]),
            lambda sc: [0.01, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0]),
     Metric("grpo.group.reward_std", "histogram", "1", "group", "Unbiased std of each group's valid rewards (0 = no signal).",
            _each("group_reward_std"), _STD_BUCKETS),
     Metric("grpo.completion.length", "histogram", "{token}", "completion",
-           "Completion tokens incl. EOS (attribute `correct`).", _lengths,
+           "Completion tokens incl. EOS (attribute `correct`: true, false, or unknown where the trainer has no "
+           "verifier).", _lengths,
            lambda sc: sorted({float(max(1, round(sc.max_new_tokens * i / 10))) for i in range(1, 11)})),
     Metric("grpo.step.duration", "histogram", "s", "step", "Wall time of a step, rollout to optimizer step.",
            _one("step_time"), lambda sc: _SECONDS),
@@ -146,7 +164,7 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.tokens_per_second", "gauge", "{token}/s", "step", "Completion tokens generated per second of step time.",
            _one("tokens_per_s")),
     Metric("grpo.group.size", "gauge", "{completion}", "step", "G: completions sampled per prompt (group).",
-           lambda s: [(len(s.samples.length) / len(s.samples.group_reward_std), {})]),
+           _per_completion(lambda s: [(len(s.samples.length) / len(s.samples.group_reward_std), {})])),
     Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
     Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
            lambda s: []),  # recorded by the sink at on_step time, not from the record
@@ -157,9 +175,9 @@ CATALOGUE: list[Metric] = [
            "Health-condition episodes begun (attributes `condition`, `severity`): a one-step condition, e.g. a loss "
            "spike, between two scrapes is still counted.", _health_new, initial=_health_rows()),
     Metric("grpo.steps", "counter", "{step}", "step", "Optimizer steps completed (skipped updates included).",
-           lambda s: [(1.0, {})]),
+           lambda s: [(float(s.steps_in_row), {})] if s.steps_in_row else []),
     Metric("grpo.completions", "counter", "{completion}", "step", "Completions sampled.",
-           lambda s: [(float(len(s.samples.length)), {})]),
+           _per_completion(lambda s: [(float(len(s.samples.length)), {})])),
     Metric("grpo.tokens", "counter", "{token}", "step", "Completion tokens sampled.", _tokens),
     Metric("grpo.updates.skipped", "counter", "{step}", "step",
            "Updates skipped (attribute `reason`: nonfinite, no_scored_samples).", _skipped,
@@ -189,10 +207,10 @@ BY_NAME = {m.name: m for m in CATALOGUE}
 
 def nonfinite_signals(s: StepStats) -> list[str]:
     """Which of the step's core scalars are NaN/inf (kl is legitimately NaN when beta = 0, so it
-    counts only when +-inf)."""
+    counts only when +-inf; a field nothing measured, StepStats.unmeasured, is absent, not overflow)."""
     if s.skipped == "no_scored_samples":  # nothing was measured: NaN means absent, not overflow
         return []
-    out = [k for k in ("loss", "grad_norm", "reward", "entropy") if not math.isfinite(getattr(s, k))]
+    out = [k for k in ("loss", "grad_norm", "reward", "entropy") if k not in s.unmeasured and not math.isfinite(getattr(s, k))]
     return out + (["kl"] if math.isinf(s.kl) else [])
 
 

@@ -70,10 +70,13 @@ class RunRecord:
         scalar = [c for c in StepStats.scalar_fields() if c not in ("step", "reward", "kl", "loss", "skipped")]
         rest = scalar + [f"reward_{n}" for n in reward_names]
         self.steps = _CsvLog(run_dir / "steps.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest + list(TEXT))
-        self.curve = _CsvLog(run_dir / "reward-vs-step.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] + rest +
+        # A curve row counts the steps of its window instead (steps_in_window).
+        self.curve = _CsvLog(run_dir / "reward-vs-step.csv", CURVE_HEAD + ["greedy_acc", "eval_n"] +
+                             [c for c in rest if c != "steps_in_row"] +
                              ["steps_in_window", "skipped_in_window", "eval_trace_id", "eval_trace_url"])
         self.trace_url = trace_url  # trace id -> its Langfuse page (when traces are on and the project is known)
         self._window: list[dict] = []
+        self._last: dict | None = None  # the newest row, which closes the window
 
     def start(self, info: RunInfo) -> None:
         """Nothing to prepare: the files open in `open()`, which knows whether this is a resume."""
@@ -102,8 +105,15 @@ class RunRecord:
         # Average what the CSV holds, not the in-memory floats: a resumed run re-reads its open window
         # from steps.csv, and both must give the same curve row to the last digit.
         self._window.append(_parse({k: _fmt(v) for k, v in row.items()}))
+        self._last = row
         if stats.eval is not None:
-            self.curve.append(self._window_row(row))
+            self.point()
+
+    def point(self) -> None:
+        """End the open window with a curve row now: at every evaluation, and where a trainer that does
+        not evaluate (TRL without an eval set) says so."""
+        if self._window:
+            self.curve.append(self._window_row(self._last))
             self._window = []
 
     def _window_row(self, last: dict) -> dict:
@@ -113,7 +123,9 @@ class RunRecord:
                 continue
             values = [r[k] for r in self._window if isinstance(r[k], (int, float)) and not math.isnan(r[k])]
             out[k] = sum(values) / len(values) if values else math.nan
-        out["steps_in_window"] = len(self._window)
+        # Rows read back from an older steps.csv have no steps_in_row: one step each.
+        out["steps_in_window"] = int(sum(1 if math.isnan(r.get("steps_in_row", math.nan)) else r["steps_in_row"]
+                                         for r in self._window))
         out["skipped_in_window"] = sum(bool(r["skipped"]) for r in self._window)
         return {**out, **self._trace(last)}
 

@@ -50,6 +50,10 @@ class Samples:
     answers: tuple[str, ...] = ()  # [P] reference answers
     completions: tuple[str, ...] = ()  # [B] decoded completions
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [P]
+    # Per-completion fields the producer could not measure (a trainer that is not ours, e.g. TRL, has no
+    # per-completion KL or entropy): their arrays are placeholders (NaN, False), and what reads them
+    # leaves them out (no histogram, no trace metadata) instead of reporting the placeholder.
+    unmeasured: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class StepStats:
     tokens_per_s: float  # completion tokens generated per second of step time
     invalid_rewards: int  # reward calls that raised or gave None/NaN/inf this step
     skipped: str = ""  # why the update was skipped ('nonfinite', 'no_scored_samples'), else ''
+    # Optimizer steps this record covers: 1 here; a trainer that logs every k steps (TRL's logging_steps)
+    # gives means over its k steps, and a record of an evaluation alone covers 0.
+    steps_in_row: int = 1
     reward_components: dict[str, float] = field(default_factory=dict)  # function -> mean over valid values
     eval: Eval | None = None  # set on sampling steps
     health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)
@@ -122,18 +129,24 @@ class StepStats:
     entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
     traces: tuple[TraceRef, ...] = ()  # the generations of this step sent to Langfuse (telemetry/traces.py)
     samples: Samples | None = field(default=None, repr=False)
+    # The float fields that are NaN because nothing measured them (`partial`), as opposed to a measured
+    # value that overflowed: only the latter counts as non-finite (catalogue.nonfinite_signals).
+    unmeasured: frozenset[str] = frozenset()
 
     @classmethod
     def partial(cls, step: int, **known) -> StepStats:
         """A record of what is known at `step`, every other measurement NaN (not measured): the step-0
         baseline, or a trainer that logs only some of the signals."""
-        measured = {f.name: math.nan for f in fields(cls) if f.type == "float" and f.name not in known}
-        return cls(step=step, invalid_rewards=0, **measured, **known)
+        measurements = cls.scalar_fields()  # not the monitor's outputs (entropy_baseline): it sets them later
+        missing = {f.name: math.nan for f in fields(cls) if f.type == "float" and f.name in measurements
+                   and f.name not in known}
+        return cls(step=step, **{"invalid_rewards": 0, "unmeasured": frozenset(missing), **missing, **known})
 
     @classmethod
     def scalar_fields(cls) -> list[str]:
         """The per-step scalars of the run record (the monitor's outputs and the nested parts are not)."""
-        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces")
+        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces",
+                  "unmeasured")
         return [f.name for f in fields(cls) if f.name not in nested]
 
     def row(self) -> dict[str, float | int | str]:

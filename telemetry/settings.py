@@ -16,6 +16,35 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def error_lines(errors: list[dict], root: type[BaseModel]) -> list[str]:
+    """Pydantic's errors of a `root` model, one line each: the field path, the problem, and for a
+    misspelt key the nearest valid one (the service's config and the TRL callback's options)."""
+    lines = []
+    for err in errors:
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key{_did_you_mean(err['loc'], root)}"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+            msg += f" (got {err['input']!r})"
+        lines.append(f"{loc}: {msg}")
+    return lines
+
+
+def _did_you_mean(loc: tuple, model: type[BaseModel]) -> str:
+    """Walk the model tree along `loc` to the section that rejected the key; suggest its nearest field."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        ann = model.model_fields[part].annotation
+        ann = getattr(ann, "__args__", (ann,))[0] if getattr(ann, "__origin__", None) is list else ann
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return ""
+        model = ann
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid keys: {', '.join(model.model_fields)})"
+
+
 class TelemetrySettings(Section):
     prometheus: bool = Field(True, description="Serve OpenTelemetry metrics at http://<host>:<port>/metrics for Prometheus.")
     prometheus_host: str = Field("127.0.0.1", description="Bind address; 0.0.0.0 to be scraped from other hosts (e.g. in a pod).")

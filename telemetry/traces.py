@@ -418,6 +418,7 @@ class TraceSink:
         x, g, lf = s.samples, ref.index, self._client.langfuse
         G = len(x.completions) // len(x.prompts)
         prompt = clip(x.prompts[g], self.cfg.max_chars)
+        judged = "correct" not in x.unmeasured  # a trainer without a verifier (TRL, no correctness reward)
         scores = []
         with self._context(s, "train", f"train step {s.step} group {g}", {"group": str(g), "reason": ref.reason}):
             root = lf.start_observation(trace_context={"trace_id": ref.trace_id}, name=f"group {g}", as_type="span",
@@ -428,19 +429,22 @@ class TraceSink:
                     name=f"completion {k}", as_type="generation", input=prompt,
                     output=clip(x.completions[i], self.cfg.max_chars), model=self.info.model,
                     model_parameters=self.info.sampling,
-                    usage_details={"input": int(x.prompt_tokens[g]), "output": int(x.length[i])},
-                    metadata={"step": s.step, "kind": "train", "answer": x.answers[g], "correct": bool(x.correct[i]),
+                    usage_details=_usage(x, g, i),
+                    metadata={"step": s.step, "kind": "train", "answer": x.answers[g],
+                              "correct": bool(x.correct[i]) if judged else None,
                               "reward": _num(x.reward[i]),
                               "rewards": {n: _num(v[i]) for n, v in x.components.items()},
-                              "advantage": _num(x.advantage[i]), "length": int(x.length[i]),
+                              "advantage": _num(x.advantage[i]),
+                              "length": int(x.length[i]) if np.isfinite(x.length[i]) else None,
                               "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]), "truncated": bool(x.truncated[i])})
                 gen.end()
                 self._client.created += 1
                 if not math.isnan(x.reward[i]):
                     scores.append(_score(ref.trace_id, gen.id, "reward", float(x.reward[i]), "NUMERIC"))
-                scores.append(_score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
+                if judged:
+                    scores.append(_score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
             root.update(output={"rewards": [_num(r) for r in x.reward[g * G:(g + 1) * G]],
-                                "correct": int(x.correct[g * G:(g + 1) * G].sum())})
+                                "correct": int(x.correct[g * G:(g + 1) * G].sum()) if judged else None})
             root.end()
             self._client.created += 1
         return scores
@@ -496,6 +500,12 @@ class TraceSink:
                 DROPS.add(DROPPED, response.rejected, signal="scores", reason="rejected")
                 log.warning("Langfuse rejected %d of %d scores: %s", response.rejected, len(batch),
                             "; ".join(e.message for e in response.errors[:3]))
+
+
+def _usage(x, g: int, i: int) -> dict[str, int]:
+    """Token usage of completion i of group g: what the producer measured (TRL gives no prompt tokens)."""
+    usage = {"input": x.prompt_tokens[g] if "prompt_tokens" not in x.unmeasured else math.nan, "output": x.length[i]}
+    return {k: int(v) for k, v in usage.items() if math.isfinite(v)}
 
 
 def _score(tid: str, observation_id: str, name: str, value: float, data_type: str) -> dict:

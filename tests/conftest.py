@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import shutil
@@ -88,29 +89,37 @@ def answers(url: str) -> bool:
 FAST_RULES = RuleParams(window=2, pending=1)
 
 
-@pytest.fixture
-def prometheus(tmp_path):
+@contextlib.contextmanager
+def prometheus_server(folder: Path):
     """A real Prometheus on 127.0.0.1 with the alert rules, scraping every 200 ms; yields (query, target port,
     web port)."""
     binary = installed("prometheus", "prometheus")
     target, web = free_port(), free_port()
-    rules = tmp_path / "grpo-rules.yml"
+    rules = folder / "grpo-rules.yml"
     rules.write_text(render(FAST_RULES))
-    (tmp_path / "prometheus.yml").write_text(
+    (folder / "prometheus.yml").write_text(
         "global: {scrape_interval: 200ms, evaluation_interval: 200ms}\n"
         f"rule_files: ['{rules}']\n"
         f"scrape_configs: [{{job_name: grpo, static_configs: [{{targets: ['127.0.0.1:{target}']}}]}}]\n")
-    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+    proc = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def query(expr: str) -> list:
         url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         return json.load(urllib.request.urlopen(url))["data"]["result"]
 
-    assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
-    yield query, target, web
-    proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
+        yield query, target, web
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    with prometheus_server(tmp_path) as server:
+        yield server
 
 
 def query_range(web: int, expr: str, start: float, end: float) -> list:

@@ -93,3 +93,22 @@ def test_negative_and_nonfinite_histogram_values_are_counted_not_lost():
     assert 'grpo_histogram_rejected_total{metric="grpo.kl",reason="negative"} 1.0' in rejected
     assert 'grpo_histogram_rejected_total{metric="grpo.entropy",reason="nonfinite"} 1.0' in rejected
     assert lines_of(text, "grpo_kl_count") == ["grpo_kl_count{} 3.0"]
+
+
+def test_a_trainer_that_logs_only_means_exports_only_what_it_measured():
+    """A record without per-completion values (TRL unwrapped) and with signals nobody measured: every row
+    that reads them is absent, none reports a placeholder (no rejected or non-finite count for it)."""
+    s = StepStats.partial(3, reward=0.5, loss=0.1, steps_in_row=2)
+    assert s.samples is None and "entropy" in s.unmeasured and "reward" not in s.unmeasured
+    points = {m.name: list(m.points(s)) for m in catalogue.CATALOGUE}
+    assert all(points[m.name] == [] for m in catalogue.CATALOGUE if m.kind == "histogram")
+    assert points["grpo.steps"] == [(2.0, {})] and points["grpo.completions"] == []
+    assert catalogue.nonfinite_signals(s) == []
+    text = scrape_after([s])
+    counted = lines_of(text, "grpo_histogram_rejected_total") + lines_of(text, "grpo_nonfinite_total")
+    assert counted and all(line.endswith(" 0.0") for line in counted) and "grpo_reward_mean{" in text
+    # Per-completion values without a verifier's verdict or a KL: lengths kept, their split unknown, no KL histogram.
+    x = fixed_step().samples
+    unjudged = StepStats.partial(4, reward=0.5, samples=Samples(**{**x.__dict__, "unmeasured": frozenset({"kl", "correct"})}))
+    by_name = {m.name: list(m.points(unjudged)) for m in catalogue.CATALOGUE}
+    assert by_name["grpo.kl"] == [] and {a["correct"] for _, a in by_name["grpo.completion.length"]} == {"unknown"}

@@ -95,6 +95,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "sample_acc": ("sample_acc", "eval_acc", "eval_accuracy", "eval/accuracy", "val/accuracy", "val/acc", "test_acc"),
     "greedy_acc": ("greedy_acc",),
     "eval_n": ("eval_n",),
+    "steps_in_row": ("steps_in_row",),  # our record: optimizer steps a row's means cover (TRL's logging_steps)
 }
 _BY_ALIAS = {a: name for name, aliases in ALIASES.items() for a in aliases}
 # Columns we know and deliberately do not read, with the reason (listed in the notes).
@@ -111,7 +112,8 @@ _EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|sco
 # Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean), the book style (<fn>_reward[_avg|_mean]).
 _COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$",
                                       r"^(?P<fn>.+?)_reward(_avg|_mean)?$", r"^reward/(?P<fn>[^/]+)$")]
-_NOT_COMPONENT = {"std", "avg", "mean", "max", "min", "sum", "total"}  # reward_std, reward_mean: the combined reward
+# reward_std, reward_mean: the combined reward; eval_reward (TRL): the combined reward of an evaluation
+_NOT_COMPONENT = {"std", "avg", "mean", "max", "min", "sum", "total", "eval"}
 # A component that judges the answer: saturation and hacking are read on it.
 CORRECTNESS = re.compile(r"correct|accura|\bacc\b|_acc|acc_|verif|exact|math|answer|pass|solve|score", re.I)
 
@@ -119,10 +121,10 @@ CORRECTNESS = re.compile(r"correct|accura|\bacc\b|_acc|acc_|verif|exact|math|ans
 def load(path: str | Path, fmt: str = "auto") -> RunLog:
     path = Path(path)
     if path.is_dir():
-        path = path / "steps.csv"
+        path = _log_in(path)
     if not path.is_file():
         raise IngestError(f"{path}: no such file (give a steps.csv, reward-vs-step.csv, book CSV, trainer_state.json, "
-                          "a verl/OpenRLHF JSONL metrics log or a run directory)")
+                          "a verl/OpenRLHF JSONL metrics log, a run directory or a TRL output_dir)")
     if fmt == "auto":
         fmt = _sniff(path)
     reader = {"sentinel": _sentinel, "book": _book, "csv": _csv, "trl": _trl,
@@ -143,6 +145,17 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
     if not any(log.has(k) for k in log.series if k not in ("step", "_nonfinite")) and not log.series["_nonfinite"].any():
         raise IngestError(f"{path}: every value is empty or not a number: nothing to diagnose")
     return log
+
+
+def _log_in(directory: Path) -> Path:
+    """The log a directory holds: our run directory's steps.csv, else a TRL output_dir's
+    trainer_state.json (trainer.save_state() writes it), else its newest checkpoint's."""
+    for candidate in (directory / "steps.csv", directory / "trainer_state.json"):
+        if candidate.is_file():
+            return candidate
+    checkpoints = sorted(directory.glob("checkpoint-*/trainer_state.json"),
+                         key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0))
+    return checkpoints[-1] if checkpoints else directory / "steps.csv"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,6 +350,9 @@ def _sentinel(path: Path) -> RunLog:
             log.ln_vocab = float(np.median(ratio[ok]))
     if log.has("eval_n"):
         log.eval_n = int(np.nanmax(log.series["eval_n"]))
+    if log.has("steps_in_row") and np.nanmax(log.series["steps_in_row"]) > 1:
+        log.notes.append(f"rows cover up to {int(np.nanmax(log.series['steps_in_row']))} optimizer steps each (the "
+                         "trainer logged means over them): windows and steps count rows")
     return log
 
 
@@ -412,6 +428,7 @@ def _trl(path: Path) -> RunLog:
     if len(entries) < len(history):
         notes.append(f"{len(history) - len(entries)} log_history entries are not objects: skipped")
     # Training entries and evaluation entries share steps: merge them per step (eval keys are eval_*).
+    evaluated = {_number(h.get("step")) for h in entries if any(str(k).startswith("eval_") for k in h)}
     by_step: dict[float, dict] = {}
     bad = 0
     for h in entries:
@@ -430,7 +447,95 @@ def _trl(path: Path) -> RunLog:
             r.pop(k, None)  # the end-of-training summary entry: not a step
     log = _table(path, records, "trl", "entry")
     log.notes[:0] = notes
+    if path.parent.name.startswith("checkpoint-"):
+        log.notes.insert(0, f"log_history of {path.parent.name}/trainer_state.json (the newest checkpoint's)")
+    output_dir = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
+    names = [k[len("rewards/"):-len("/mean")] for k in dict.fromkeys(k for r in records for k in r)
+             if k.startswith("rewards/") and k.endswith("/mean")]
+    _trl_completions(log, output_dir / "completions", names, evaluated)
     return log
+
+
+def _trl_completions(log: RunLog, folder: Path, names: list[str], evaluated: set[float]) -> None:
+    """TRL's completions/completions_<step>.parquet (log_completions=True): each logged step's last
+    generation batch, one row per completion with its prompt, rewards per function and TRL's own
+    advantage. They give what the logged means cannot: the advantages' mean and spread (adv_mean_drift
+    on TRL's real advantages) and the all-correct / all-wrong split of the groups without signal."""
+    files = sorted(folder.glob("completions_*.parquet"))
+    if not files:
+        return
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        log.notes.append(f"{folder}: {len(files)} completion files not read (they need pyarrow: "
+                         "pip install 'grpo-sentinel[trl]')")
+        return
+    row = {s: i for i, s in enumerate(log.series["step"])}
+    correctness = next((n for n in names if CORRECTNESS.search(n)), None)
+    out = {k: np.full(len(row), math.nan) for k in ("adv_mean", "adv_std", "frac_zero_std_correct", "frac_zero_std_wrong")}
+    read, after_eval, sizes, bad = [], 0, set(), []
+    for f in files:
+        try:
+            table = pq.read_table(f).to_pydict()
+        except Exception as e:  # noqa: BLE001 - a torn or foreign file is noted, the log still read
+            bad.append(f"{f.name} ({type(e).__name__})")
+            continue
+        if not table.get("step") or "advantage" not in table or not set(names) <= set(table):
+            bad.append(f"{f.name} (not TRL's completions table)")
+            continue
+        step = float(table["step"][0])
+        if step in evaluated:  # TRL writes the file again after an evaluation at that step: it holds the eval's
+            after_eval += 1
+            continue
+        G = _group_of(table["prompt"])
+        if step not in row or G < 2:
+            bad.append(f"{f.name} (step {step:g} not in the log)" if step not in row else f"{f.name} (no groups)")
+            continue
+        _completion_stats(out, row[step], table, names, correctness, G)
+        read.append(step)
+        sizes.add(G)
+    for k, v in out.items():
+        if np.isfinite(v).any():
+            log.series[k] = v
+    if read:
+        log.notes.append(f"{folder.name}/*.parquet: {len(read)} steps ({min(read):g}-{max(read):g}) read per completion "
+                         "(TRL's own advantages; each file is its step's last generation batch)"
+                         + (f"; {after_eval} written after an evaluation skipped (they hold its completions)"
+                            if after_eval else ""))
+    if len(sizes) == 1 and log.group_size is None:
+        log.group_size = sizes.pop()
+        log.notes.append(f"derived: G = {log.group_size} from {folder.name}/*.parquet (runs of identical prompts)")
+    if bad:
+        log.notes.append(f"{folder.name}: not read: {', '.join(bad[:5])}" + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
+
+
+def _group_of(prompts: list) -> int:
+    """G of a generation batch: TRL samples each prompt G times in a row; the gcd of the runs of
+    identical prompts (two equal prompts drawn side by side make a run of 2G)."""
+    runs, n = [], 1
+    for a, b in zip(prompts, prompts[1:]):
+        if str(a) == str(b):
+            n += 1
+        else:
+            runs.append(n)
+            n = 1
+    runs.append(n)
+    return math.gcd(*runs) if prompts and len(prompts) % math.gcd(*runs) == 0 else 0
+
+
+def _completion_stats(out: dict[str, np.ndarray], i: int, table: dict, names: list[str], correctness: str | None,
+                      G: int) -> None:
+    adv = np.array(table["advantage"], dtype=float)
+    rewards = np.array([[math.nan if v is None else v for v in table[n]] for n in names], dtype=float)  # [K, B]
+    scored = ~np.isnan(rewards).all(axis=0)  # TRL excludes a completion every function returned None for
+    if scored.any():
+        out["adv_mean"][i] = adv[scored].mean()
+        out["adv_std"][i] = adv[scored].std(ddof=1) if scored.sum() > 1 else 0.0
+    if correctness is not None:
+        zero = (np.abs(adv.reshape(-1, G)) < 1e-6).all(axis=1)  # a group without signal: every advantage 0
+        right = (rewards[names.index(correctness)] >= 1.0).reshape(-1, G)
+        out["frac_zero_std_correct"][i] = (zero & right.all(axis=1)).mean()
+        out["frac_zero_std_wrong"][i] = (zero & ~right.any(axis=1)).mean()
 
 
 def _jsonl(path: Path) -> RunLog:

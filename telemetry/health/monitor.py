@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,11 @@ class Verdict:
     @property
     def critical(self) -> bool:
         return any(c.severity == "critical" for c in self.active)
+
+    def stamp(self, stats: StepStats) -> StepStats:
+        """The step's record with this verdict on it, as every sink then sees it (any trainer's)."""
+        return replace(stats, health=tuple(c.id for c in self.active), health_new=tuple(c.id for c in self.new),
+                       entropy_baseline=self.entropy_baseline)
 
 
 @dataclass
