@@ -336,7 +336,9 @@ def test_a_signal_at_any_moment_ends_in_75_a_message_and_a_summary(tmp_path, dem
 # -- rewards that hang ------------------------------------------------------------------------
 
 def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, demo_dir):
-    (tmp_path / "slow.py").write_text("import time\ndef f(c, a, p):\n    time.sleep(30)\n    return 1.0\n")
+    (tmp_path / "slow.py").write_text("import pathlib, time\ndef f(c, a, p):\n"
+                                      f"    pathlib.Path({str(tmp_path / 'called')!r}).touch()\n"
+                                      "    time.sleep(30)\n    return 1.0\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     p = subprocess.run(cli("train", "--out", str(tmp_path), "--set", "run.run_id=t", "--steps", "1", *FAST,
                            "--set", "rewards=[{name: 'correct'}, {name: 'slow:f'}]", "--set", "grpo.reward_timeout_s=0.2",
@@ -348,8 +350,9 @@ def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, de
     assert dict(zip(row[0].split(","), row[1].split(",")))["invalid_rewards"] == "64"
     proc = subprocess.Popen(cli("train", "--out", str(tmp_path), "--set", "run.run_id=s", "--steps", "5", *FAST,
                                 "--set", "rewards=[{name: 'slow:f'}]"), env=env, stderr=subprocess.PIPE, text=True)
-    assert wait_for(lambda: (tmp_path / "s" / "reward-vs-step.csv").exists() or proc.poll() is not None, 300, 0.01)
-    time.sleep(1)  # inside step 1, waiting on a reward that sleeps 30 s (its timeout: 60 s)
+    (tmp_path / "called").unlink()
+    # Inside step 1, waiting on a reward that sleeps 30 s (its timeout: 60 s).
+    assert wait_for(lambda: (tmp_path / "called").exists() or proc.poll() is not None, 300, 0.01)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75
