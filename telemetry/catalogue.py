@@ -40,7 +40,7 @@ class Metric:
 
     def prometheus_names(self) -> list[str]:
         """Names as the OTel Prometheus exporter writes them ('.' -> '_', unit suffix, type suffix)."""
-        base = self.name.replace(".", "_") + {"s": "_seconds"}.get(self.unit, "")
+        base = self.name.replace(".", "_") + {"s": "_seconds", "By": "_bytes"}.get(self.unit, "")
         return {"histogram": [f"{base}_bucket", f"{base}_sum", f"{base}_count"], "counter": [f"{base}_total"],
                 "gauge": [base]}[self.kind]
 
@@ -148,6 +148,15 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.group.size", "gauge", "{completion}", "step", "G: completions sampled per prompt (group).",
            lambda s: [(len(s.samples.length) / len(s.samples.group_reward_std), {})]),
     Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
+    # Per training process (attribute `rank`): a straggler shows as one rank busy while the others wait.
+    Metric("grpo.rank.step_time", "gauge", "s", "step and rank", "Wall time of the step on each rank.",
+           lambda s: [(r.step_time, {"rank": str(r.rank)}) for r in s.ranks]),
+    Metric("grpo.rank.collective_wait", "gauge", "s", "step and rank",
+           "Time each rank spent in the step's explicit collectives (waiting for the slowest rank, then the transfer).",
+           lambda s: [(r.wait, {"rank": str(r.rank)}) for r in s.ranks]),
+    Metric("grpo.rank.peak_memory", "gauge", "By", "step and rank",
+           "Peak memory of each rank: the CUDA allocator's peak, else the process's peak resident set.",
+           lambda s: [(r.peak_memory, {"rank": str(r.rank)}) for r in s.ranks]),
     Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
            lambda s: []),  # recorded by the sink at on_step time, not from the record
     Metric("grpo.health.condition", "gauge", "1", "step and condition",

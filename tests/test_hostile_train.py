@@ -304,15 +304,18 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path
 
 # -- signals at every phase: a documented exit code, one line, a summary --------------------------
 
-def _phase(proc_lines: list[str], needle: str) -> bool:
-    return any(needle in line for line in proc_lines)
-
-
 @pytest.mark.parametrize("sig, phase", [(signal.SIGTERM, "loading"), (signal.SIGINT, "loading"),
                                         (signal.SIGTERM, "twice in the loop")])
 def test_a_signal_at_any_moment_ends_in_75_a_message_and_a_summary(tmp_path, demo_dir, sig, phase):
     proc = subprocess.Popen(cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", "--steps", "300", *FAST),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _signal_and_check(proc, tmp_path, sig, phase)
+    finally:
+        proc.kill()  # a failed check must not leave a 300-step run behind
+
+
+def _signal_and_check(proc, tmp_path, sig, phase):
     if phase == "loading":
         assert wait_for(lambda: (tmp_path / "r" / "config.yaml").exists() or proc.poll() is not None, 120, 0.001)
         proc.send_signal(sig)

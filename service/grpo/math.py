@@ -69,19 +69,22 @@ def clipped_surrogate(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
-def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> torch.Tensor:
+def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int, n_seq: int | None = None,
+                  n_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Weights w [B, T] such that the batch loss is sum(w * per_token_loss).
 
     grpo:    mean over each sequence's tokens, then over sequences (short answers weigh more per token)
     dapo:    mean over all tokens of the batch (every token weighs the same)
     dr_grpo: sum / (B * max_new_tokens): a constant normaliser, no length bias at all
-    Computing the normaliser once over the whole batch keeps micro-batches (and ranks) exact.
+    Computing the normaliser once over the whole batch keeps micro-batches exact; across ranks, pass
+    the whole batch's sequence count `n_seq` and (dapo) token count `n_tokens`, and each rank's share
+    sums to the one-process loss.
     """
-    n_seq = mask.shape[0]
+    n_seq = mask.shape[0] if n_seq is None else n_seq
     if loss_type == "grpo":
         return mask / mask.sum(1, keepdim=True).clamp(min=1) / n_seq
     if loss_type == "dapo":
-        return mask / mask.sum().clamp(min=1)
+        return mask / (mask.sum() if n_tokens is None else n_tokens).clamp(min=1)
     if loss_type == "dr_grpo":
         return mask / (n_seq * max_new_tokens)
     raise ValueError(f"unknown loss_type {loss_type!r}")
