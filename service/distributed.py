@@ -8,8 +8,10 @@ the identity, so the training code reads the same at any world size.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -98,6 +100,10 @@ def from_env(device: str, timeout_s: float) -> Dist:
     if world == 1:
         return SINGLE
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        # torch's launcher does not take its workers down when it is killed itself (a SIGKILLed
+        # daemon, a lost node agent): a worker without its launcher checkpoints and stops instead.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(local)

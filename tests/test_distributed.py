@@ -86,3 +86,18 @@ def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_model
     assert p.returncode != 0
     assert "grpo.prompts_per_step=3 cannot be split over 2 ranks" in p.stderr and "(1, 3)" in p.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_the_daemon_launches_a_two_rank_run_through_the_elastic_launcher(tmp_path, demo_dir):
+    from test_daemon import Daemon
+
+    d = Daemon(tmp_path / "state", env={"OMP_NUM_THREADS": "1"}).ready()
+    try:
+        assert d.call("POST", "/v1/runs", {"run": {"steps": 4, "run_id": "two", "sample_every": 4},
+                                           "data": {"eval_size": 20}, "distributed": {"nproc_per_node": 2}})[0] == 201
+        r = d.wait_status("two", {"completed", "failed"})
+        assert r["status"] == "completed", (r, (d.state / "runs" / "two" / "train.log").read_text()[-3000:])
+        assert steps(d.state / "runs" / "two") == ["1", "2", "3", "4"]
+        assert json.loads((d.state / "runs" / "two" / "summary.json").read_text())["world_size"] == 2
+    finally:
+        d.stop(signal.SIGKILL)
