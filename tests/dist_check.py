@@ -25,6 +25,11 @@ from grpo_sentinel.service.trainer import build_policy
 P, G = 4, 4
 
 
+def length_reward(completion: str, answer: str, prompt: str) -> float:
+    """A reward with spread inside every group, so the step has a gradient to compare."""
+    return len(completion) / 8
+
+
 def adapter(policy) -> torch.Tensor:
     return torch.cat([p.detach().flatten().double() for p in policy.trainable])
 
@@ -43,16 +48,20 @@ def one_step(cfg, examples, full: Rollout, dist, rows_of, hook: bool = False):
     if hook:  # a real NaN through the real model, on this rank only
         handle = policy.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o * float("nan"))
     before = adapter(policy)
+    grads = []  # the gradient each update applies (Adam's step would amplify float noise near 0)
+    apply = policy.optimizer.step
+    policy.optimizer.step = lambda: (grads.append(torch.cat([p.grad.flatten().double() for p in policy.trainable])),
+                                     apply())
     stats = step_mod.grpo_step(policy, scorer, examples, cfg.grpo, step=1, dist=dist)
     if handle:
         handle.remove()
-    return stats, before, adapter(policy)
+    return stats, before, adapter(policy), grads
 
 
 def main() -> None:
     out = sys.argv[1]
     cfg = load_config(None, [f"grpo.prompts_per_step={P}", f"grpo.group_size={G}", "grpo.loss_type=dapo",
-                             "grpo.micro_batch_size=3", "grpo.mu=2"])
+                             "grpo.micro_batch_size=3", "grpo.mu=2", "rewards=[{name: 'dist_check:length_reward'}]"])
     dist = from_env("cpu", 120)
     data = load_datasets(cfg.data, 0)
     examples = data.train[:P]
@@ -62,20 +71,22 @@ def main() -> None:
                   max_new_tokens=cfg.grpo.max_new_tokens, temperature=1.0, top_p=1.0)
     share = P // dist.world
     mine = slice(dist.rank * share * G, (dist.rank + 1) * share * G)
-    two, before, after = one_step(cfg, examples[dist.rank * share:(dist.rank + 1) * share], full, dist,
-                                  lambda r: rows(r, mine))
+    two, before, after, two_grads = one_step(cfg, examples[dist.rank * share:(dist.rank + 1) * share], full, dist,
+                                             lambda r: rows(r, mine))
     sums = dist.all_gather(float(after.sum()))
     identical = dist.all_gather(after.numpy().tobytes())
-    nan_two, nan_before, nan_after = one_step(cfg, examples[dist.rank * share:(dist.rank + 1) * share], full, dist,
-                                              lambda r: rows(r, mine), hook=dist.rank == 1)
+    nan_two, nan_before, nan_after, _ = one_step(cfg, examples[dist.rank * share:(dist.rank + 1) * share], full, dist,
+                                                 lambda r: rows(r, mine), hook=dist.rank == 1)
     report = {}
     if dist.main:
-        one, _, one_after = one_step(cfg, examples, full, SINGLE, lambda r: r)
+        one, _, one_after, one_grads = one_step(cfg, examples, full, SINGLE, lambda r: r)
         report = {
             "checksums_equal": len(set(sums)) == 1,
             "adapters_bit_identical": len(set(identical)) == 1,
             "updated": bool((after != before).any()),
-            "adapter_max_diff": float((after - one_after).abs().max()),
+            "updates": [len(two_grads), len(one_grads)],
+            # per update, the largest gradient difference relative to the gradient's own scale
+            "grad_rel_diff": [float((a - b).abs().max() / b.abs().max()) for a, b in zip(two_grads, one_grads)],
             "nan_skipped": nan_two.skipped,
             "nan_adapter_unchanged": bool(torch.equal(nan_before, nan_after)),
             "scalars": {k: [getattr(two, k), getattr(one, k)] for k in (

@@ -58,6 +58,7 @@ class RuleParams:
     # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
     # keeps consecutive runs of the daemon on one pod apart in every window.
     group_by: tuple[str, ...] = ("job", "instance", "run_id")
+    straggler: float = 1.5  # a rank whose busy time is this multiple of the fastest rank's is a straggler
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
@@ -133,6 +134,8 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
             raise ValueError(f"{name}={value!r} is not a {want}") from None
         error = ("max_reward must be > 0 (the reward's maximum; rewards are judged as a fraction of it)"
                  if name == "max_reward" and p_kw[name] <= 0 else
+                 "straggler must be > 1 (a multiple of the fastest rank's busy time)"
+                 if name == "straggler" and p_kw[name] <= 1 else
                  threshold_error(name, th_kw[name]) if name in th_kw else None)
         if error:
             raise ValueError(f"{name}={value!r}: {error}")
@@ -200,6 +203,9 @@ def recording_rules(p: RuleParams) -> list[dict]:
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
+        # Each rank's busy time per step (its step time minus its wait in collectives), for stragglers.
+        "grpo:rank_busy_seconds:avg_w": (f"avg {_by(p, 'rank')} (avg_over_time(grpo_rank_step_time_seconds[{w}]))\n"
+                                         f"- avg {_by(p, 'rank')} (avg_over_time(grpo_rank_collective_wait_seconds[{w}]))"),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
 
@@ -391,6 +397,25 @@ def operational_rules(p: RuleParams) -> list[dict]:
          f"sum {_by(p)} (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
          duration(2 * p.window), "OTLP metric exports failing ({{ $value }} recently)",
          "The trainer keeps training; metrics pushed over OTLP are being lost."),
+        ("GRPOTracesDropped", "traces-dropped",
+         f"sum {_by(p, 'reason')} (increase(grpo_traces_dropped_total[{duration(2 * p.window)}])) > 0",
+         duration(p.pending), "{{ $value }} Langfuse spans and scores dropped ({{ $labels.reason }})",
+         f"Trace data not delivered to Langfuse in the last {duration(2 * p.window)}, reason `{{{{ $labels.reason }}}}` "
+         "(unauthorized: check the keys; unreachable: the server or the network; queue_full: the trainer produces "
+         "traces faster than they can be sent). Training is unaffected."),
+        ("GRPORunFailed", "run-failed",
+         f"sum by ({', '.join(x for x in p.group_by if x != 'run_id')}) "
+         f"(increase(grpo_runs_finished_total{{status=\"failed\"}}[{duration(2 * p.window)}])) > 0",
+         "0s", "a run failed ({{ $value }} recently)",
+         "A run the daemon was training ended `failed`; the daemon has gone on with the next one. "
+         "GET /v1/runs says which and why (its `error`), and its train.log has the rest."),
+        ("GRPORankStraggler", "rank-straggler",
+         f"max {_by(p)} (grpo:rank_busy_seconds:avg_w) > {_num(p.straggler)} * min {_by(p)} (grpo:rank_busy_seconds:avg_w)"
+         f"\nand count {_by(p)} (grpo:rank_busy_seconds:avg_w) > 1",
+         duration(p.pending), "one rank is {{ $value | humanizeDuration }} busy a step, far above the fastest",
+         f"Over {duration(p.window)} the slowest rank's busy time per step (step time minus the time it waited in "
+         f"collectives) is above {_num(p.straggler)}x the fastest rank's: every rank waits for it. The dashboard's "
+         "rank panel says which rank."),
     ]
     out = []
     for alert, anchor, expr, pending, summary, description in specs:

@@ -118,4 +118,14 @@ OPERATIONAL = [
      "a hung process, a lost GPU, a stuck data loader or reward function", "check the trainer process, its GPU and its data loader"),
     ("metrics-export-failing", "warning", "OTLP metric exports failing (`grpo_telemetry_export_failures_total`)",
      "the collector is down or unreachable; training is unaffected", "check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)"),
+    ("traces-dropped", "warning", "Langfuse spans or scores not delivered (`grpo_traces_dropped_total{reason}`)",
+     "wrong keys (unauthorized), Langfuse down or unreachable, or traces produced faster than sent; training is unaffected",
+     "check LANGFUSE_PUBLIC_KEY / LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL; lower traces.sample_rate if queue_full"),
+    ("run-failed", "warning", "a run the daemon trained ended `failed` (`grpo_runs_finished_total{status=\"failed\"}`)",
+     "an error in the run (bad data found late, a crash, an out-of-memory kill); the daemon goes on with the next run",
+     "read the run's `error` (GET /v1/runs/<id>) and its train.log; fix and submit it again"),
+    ("rank-straggler", "warning", "one rank's busy time per step far above the fastest rank's (`grpo_rank_step_time_seconds` "
+     "minus `grpo_rank_collective_wait_seconds`)",
+     "a slow or throttled GPU, a noisy neighbour, a rank with longer prompts or a slow reward",
+     "find the rank on the dashboard's rank panel; check its GPU (clocks, temperature, ECC) and node"),
 ]
