@@ -196,6 +196,23 @@ CATALOGUE: list[Metric] = [
 BY_NAME = {m.name: m for m in CATALOGUE}
 
 
+@dataclass(frozen=True)
+class DaemonMetric:
+    """A series the daemon (`grpo-sentinel serve`) exports itself, next to the active run's."""
+
+    name: str  # as scraped
+    kind: str
+    description: str
+
+
+DAEMON = [
+    DaemonMetric("grpo_runs", "gauge", "Runs known to the daemon, by status (attribute `status`: queued, running, "
+                                       "completed, stopped_early, halted, preempted, stopped, failed)."),
+    DaemonMetric("grpo_runs_finished_total", "counter", "Runs that ended, by how (attribute `status`; failed: see the "
+                                                         "run's error)."),
+]
+
+
 def nonfinite_signals(s: StepStats) -> list[str]:
     """Which of the step's core scalars are NaN/inf (kl is legitimately NaN when beta = 0, so it
     counts only when +-inf)."""
@@ -233,7 +250,10 @@ def markdown() -> str:
         lines.append(f"| `{m.name}` | {' '.join(f'`{n}`' for n in m.prometheus_names())} | {m.kind} | `{m.unit}` | "
                      f"{m.per} | {buckets} | {m.description} |")
     lines += ["", "Buckets shown for the demo (max reward 1, V = 15, max_new_tokens = 6); they scale with the run:",
-              "rewards over [0, max reward], entropy over [0, ln V], lengths over [0, max_new_tokens].", ""]
+              "rewards over [0, max reward], entropy over [0, ln V], lengths over [0, max_new_tokens].", "",
+              "The daemon's own series (`grpo-sentinel serve`, on the same `/metrics` as the active run's; no `run_id`):",
+              "", "| Prometheus | kind | description |", "|---|---|---|"]
+    lines += [f"| `{d.name}` | {d.kind} | {d.description} |" for d in DAEMON] + [""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from conftest import REPO, cli
 from grpo_sentinel.telemetry import dashboard
-from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from grpo_sentinel.telemetry.catalogue import CATALOGUE, DAEMON
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health.runbook import markdown as runbook_markdown
 from grpo_sentinel.telemetry.health.table import TABLE
@@ -27,7 +27,7 @@ def test_rule_unit_tests(promtool):
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
-CATALOGUE_NAMES = {n for m in CATALOGUE for n in m.prometheus_names()}
+CATALOGUE_NAMES = {n for m in CATALOGUE for n in m.prometheus_names()} | {d.name for d in DAEMON}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -182,7 +182,10 @@ def test_group_by_is_one_setting_used_by_every_rule(tmp_path, promtool):
     """kubernetes-mixin style: the labels every rule aggregates by are RuleParams.group_by (default
     job, instance, run_id), settable with `rules --set group_by=...`; no rule hard-codes them."""
     default = rulegen.render()
-    assert "by (job, instance)" not in default and default.count("by (job, instance, run_id)") > 40
+    # Only the daemon's own series (one per pod, no run) aggregate without run_id: group_by minus run_id.
+    exprs = [r["expr"] for g in yaml.safe_load(default)["groups"] for r in g["rules"]]
+    assert all(any(d.name in e for d in DAEMON) for e in exprs if "by (job, instance)" in e)
+    assert default.count("by (job, instance, run_id)") > 40
     p = subprocess.run(cli("rules", "--set", "group_by=cluster,job,run_id"), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "by (cluster, job, run_id)" in p.stdout and "instance)" not in p.stdout.replace("by (cluster, job, run_id)", "")

@@ -36,6 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from grpo_sentinel.service.config import Config
 from grpo_sentinel.service.runs import RunDir, RunDirError
+from grpo_sentinel.telemetry.catalogue import DAEMON
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ def _die_with(parent: int):
         if os.getppid() != parent:  # the daemon died before prctl took effect
             os._exit(1)
     return preexec
+
+
+def _help(name: str) -> str:
+    return next(d.description for d in DAEMON if d.name == name)
 
 
 def ranks(nproc_per_node: int | str) -> int:
@@ -85,8 +90,7 @@ class Supervisor:
         self._worker: threading.Thread | None = None
         self.registry = CollectorRegistry()
         self.registry.register(_RunsByStatus(self))
-        self._finished = Counter("grpo_runs_finished", "Runs that ended, by how (failed: an error; see the run).",
-                                 ["status"], registry=self.registry)
+        self._finished = Counter("grpo_runs_finished", _help("grpo_runs_finished_total"), ["status"], registry=self.registry)
         for s in FINISHED:
             self._finished.labels(s)
 
@@ -305,7 +309,7 @@ class _RunsByStatus:
         for r in self.supervisor.run_ids():
             s = self.supervisor.status(r)
             counts[s if s in counts else "failed"] += 1
-        g = GaugeMetricFamily("grpo_runs", "Runs known to the daemon, by status.", labels=["status"])
+        g = GaugeMetricFamily("grpo_runs", _help("grpo_runs"), labels=["status"])
         for s, n in counts.items():
             g.add_metric([s], n)
         yield g
