@@ -11,6 +11,7 @@ import torch
 
 from grpo_sentinel.service.config import GRPOSettings
 from grpo_sentinel.service.data import Example
+from grpo_sentinel.service.grpo import lora
 from grpo_sentinel.service.grpo import math as gm
 from grpo_sentinel.service.grpo.rollout import Rollout, position_ids, sample
 from grpo_sentinel.service.rewards import RewardScorer, Scores
@@ -107,23 +108,22 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
 
 @torch.no_grad()
 def _reference_logprobs(model, roll: Rollout, chunks: list[slice], temperature: float) -> torch.Tensor:
-    """[B, T] log-probs under the base model. One adapter switch per step: peft's disable_adapter()
-    context costs ~12 ms a call here (it inspects the model), the layer toggle ~3 ms."""
-    model.base_model.disable_adapter_layers()
-    try:
+    """[B, T] log-probs under the base model: the LoRA layers swapped for their base layers, which is
+    cheaper than toggling peft's adapter state (~3 ms a step here; its disable_adapter() context ~12 ms)."""
+    with lora.off(model):
         return torch.cat([gm.token_logprobs(_completion_logits(model, roll, c), roll.completion_ids[c], temperature)
                           for c in chunks])
-    finally:
-        model.base_model.enable_adapter_layers()
 
 
 def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
-    """Logits that predict each completion token: [b, T, V]. logits_to_keep skips the prompt's lm_head."""
-    T = roll.completion_ids.shape[1]
+    """Logits that predict each completion token: [b, T, V]. logits_to_keep names exactly those positions
+    (L-T-1 .. L-2): no lm_head on the prompt, and no [:, :-1] slice, whose backward zero-fills a [b, T+1, V] copy."""
+    L, T = roll.input_ids.shape[1], roll.completion_ids.shape[1]
     am = roll.attention_mask[c]
-    out = model(input_ids=roll.input_ids[c], attention_mask=am, position_ids=position_ids(am), logits_to_keep=T + 1,
-                use_cache=False)
-    return out.logits[:, :-1]
+    with lora.fused(model):  # one autograd node per LoRA projection instead of peft's five (see lora.py)
+        out = model(input_ids=roll.input_ids[c], attention_mask=am, position_ids=position_ids(am),
+                    logits_to_keep=torch.arange(L - T - 1, L - 1, device=am.device), use_cache=False)
+    return out.logits
 
 
 def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
