@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from grpo_sentinel.service.demo import build_tokenizer
 from grpo_sentinel.service.grpo import lora
-from grpo_sentinel.service.grpo.rollout import sample
+from grpo_sentinel.service.grpo.rollout import completion_logits, position_ids, sample
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3=", "61+19=", "8+80="]
@@ -175,3 +175,25 @@ def test_layers_peft_builds_differently_keep_peft_forward(demo_dir, tokenizer):
     model = with_adapter(AutoModelForCausalLM.from_pretrained(demo_dir), lora_dropout=0.1)
     with lora.fused(model), lora.folded(model):
         assert sum(isinstance(m, LoraLinear) for m in model.modules()) == len(TARGETS) * 4  # none swapped
+
+
+def test_shared_prompt_forward_matches_one_pass_over_whole_sequences(model, tokenizer):
+    prompts = [p for p in PROMPTS[:3] for _ in range(4)] + PROMPTS[3:5]  # groups of 4 and two singletons
+    torch.manual_seed(3)
+    roll = sample(model, tokenizer, prompts, max_new_tokens=6)
+    L, T = roll.input_ids.shape[1], roll.completion_ids.shape[1]
+
+    def run(fn, rows=slice(None)):
+        model.zero_grad(set_to_none=True)
+        logits = fn()
+        logits.float().log_softmax(-1).gather(-1, roll.completion_ids[rows].unsqueeze(-1)).sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    whole, whole_grads = run(lambda: model(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+                                           position_ids=position_ids(roll.attention_mask)).logits[:, L - T - 1 : L - 1])
+    shared, shared_grads = run(lambda: completion_logits(model, roll, slice(0, len(prompts))))
+    torch.testing.assert_close(shared, whole, rtol=1e-4, atol=1e-4)
+    for n, g in whole_grads.items():  # the gradient reaches the shared prompt through the expanded cache
+        assert g.norm() > 0 and (shared_grads[n] - g).norm() / g.norm() < 1e-4, n
+    alone, _ = run(lambda: completion_logits(model, roll, slice(12, 14)), slice(12, 14))  # distinct: one plain pass
+    torch.testing.assert_close(alone, whole[12:14], rtol=1e-4, atol=1e-4)

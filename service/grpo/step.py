@@ -13,7 +13,7 @@ from grpo_sentinel.service.config import GRPOSettings
 from grpo_sentinel.service.data import Example
 from grpo_sentinel.service.grpo import lora
 from grpo_sentinel.service.grpo import math as gm
-from grpo_sentinel.service.grpo.rollout import Rollout, position_ids, sample
+from grpo_sentinel.service.grpo.rollout import Rollout, completion_logits, sample
 from grpo_sentinel.service.rewards import RewardScorer, Scores
 from grpo_sentinel.telemetry.schema import Samples, StepStats
 
@@ -116,14 +116,9 @@ def _reference_logprobs(model, roll: Rollout, chunks: list[slice], temperature: 
 
 
 def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
-    """Logits that predict each completion token: [b, T, V]. logits_to_keep names exactly those positions
-    (L-T-1 .. L-2): no lm_head on the prompt, and no [:, :-1] slice, whose backward zero-fills a [b, T+1, V] copy."""
-    L, T = roll.input_ids.shape[1], roll.completion_ids.shape[1]
-    am = roll.attention_mask[c]
+    """Logits that predict each completion token: [b, T, V], each group's prompt computed once (rollout.py)."""
     with lora.fused(model):  # one autograd node per LoRA projection instead of peft's five (see lora.py)
-        out = model(input_ids=roll.input_ids[c], attention_mask=am, position_ids=position_ids(am),
-                    logits_to_keep=torch.arange(L - T - 1, L - 1, device=am.device), use_cache=False)
-    return out.logits
+        return completion_logits(model, roll, c)
 
 
 def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
