@@ -49,6 +49,28 @@ class Dist:
         self._timed(dist.all_reduce, t, op=dist.ReduceOp.SUM)
         return t
 
+    def sum_grads(self, params: list[torch.Tensor]) -> None:
+        """All-reduce SUM of the parameters' gradients, as one flat bucket (a LoRA adapter is small).
+        DDP is not used: the training forward runs the model twice per micro-batch (each group's prompt
+        once, then its completions), which DDP's reducer does not follow."""
+        if self.world == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.flatten() for g in grads])
+        self._timed(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
+        for p, g in zip(params, flat.split([g.numel() for g in grads])):
+            p.grad = g.view_as(p)
+
+    def same_as_rank0(self, params: list[torch.Tensor]) -> None:
+        """Rank 0's values in every rank's parameters (initial weights: identical from here on)."""
+        if self.world == 1:
+            return
+        flat = torch.cat([p.detach().flatten() for p in params])
+        dist.broadcast(flat, src=0)
+        with torch.no_grad():
+            for p, v in zip(params, flat.split([p.numel() for p in params])):
+                p.copy_(v.view_as(p))
+
     def any(self, flag: bool, device) -> bool:
         """True on every rank if it is true on any (a stop request, a non-finite loss)."""
         if self.world == 1:

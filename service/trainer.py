@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from peft import LoraConfig, get_peft_model
-from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_sentinel.service import checkpoint
@@ -142,11 +141,8 @@ def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SI
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, o.warmup_steps, cfg.run.steps, o.schedule))
-    # DDP all-reduces the adapter's gradients (once per update; grpo_step skips the sync on inner
-    # micro-batches); it also broadcasts rank 0's initial weights, so every rank starts identical.
-    ddp = DistributedDataParallel(model, device_ids=[src.device] if src.device.startswith("cuda") else None) \
-        if dist.world > 1 else None
-    return Policy(model, src.tokenizer, optimizer, scheduler, o.max_grad_norm, ddp)
+    dist.same_as_rank0(trainable)  # seeded alike anyway; from here the same update keeps every rank identical
+    return Policy(model, src.tokenizer, optimizer, scheduler, o.max_grad_norm)
 
 
 def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world_size: int = 1) -> RunInfo:

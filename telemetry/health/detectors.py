@@ -452,7 +452,7 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
     correctness_drop): hacking shows on them before the held-out evaluation sees it."""
     have = c.need("late_degradation", "sample_acc", "reward") & c.need("reward_hacking", "sample_acc", "reward")
     if not have:
-        if c.log.has("reward") and c.log.has("train_acc") and c.log.has("reward_aux"):
+        if c.log.has("train_acc") and c.log.has("reward_aux"):
             c.diag.not_assessable.pop("reward_hacking", None)  # still judged on the training samples
         return
     ev = _eval_table(c)
@@ -645,16 +645,18 @@ def correctness(c: _Ctx) -> None:
     """correctness_drop (warning) and the training-side half of reward_hacking (critical).
 
     The verifier's acceptance on the training samples (train_acc, or a correctness reward
-    component) against the running peak of its 2w moving mean, while an auxiliary reward component
-    (format, length, style: `reward_aux`) holds or rises. Noise: the early step-to-step sd, which for
-    a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also holds the
-    correlation within groups that the formula misses; B need not be known). A CUSUM of the
-    shortfall below the peak, allowance half of `correctness_drop` (10 %) of the peak (at least half
-    a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning. Critical (reward_hacking) when the fall is realised:
-    the moving mean `correctness_drop` below the peak and three of its standard errors more."""
-    if not c.need("correctness_drop", "train_acc", "reward_aux"):
+    component) against the running peak of its 2w moving mean. Noise: the early step-to-step sd,
+    which for a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also
+    holds the correlation within groups that the formula misses; B need not be known). A CUSUM of
+    the shortfall below the peak, allowance half of `correctness_drop` (10 %) of the peak (at least
+    half a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning, whatever the
+    cause (the policy getting worse at the task shows here before the sparse held-out evaluation
+    sees it). Critical (reward_hacking) when an auxiliary reward (format, length, style:
+    `reward_aux`) holds or rises meanwhile and the fall is realised: the moving mean
+    `correctness_drop` below the peak and three of its standard errors more."""
+    if not c.need("correctness_drop", "train_acc"):
         return
-    acc, aux, w2 = c.s["train_acc"], c.s["reward_aux"], 2 * c.w
+    acc, w2 = c.s["train_acc"], 2 * c.w
 
     def stats(rows):
         head = acc[rows]
@@ -669,21 +671,28 @@ def correctness(c: _Ctx) -> None:
     # (the max of many correlated draws): that excess is added, or a flat run would drift to an alarm.
     allowance = np.maximum(c.th.correctness_drop * peak / 2, noise / 2) + 2 * noise / math.sqrt(w2)
     s = c.cusum("correctness_drop", np.where((c.row >= c.E) & np.isfinite(peak), (peak - acc - allowance) / noise, 0.0))
-    aux_ma = c.ma("reward_aux", w2)
-    aux_se = windowed_sd(aux, w2) / math.sqrt(w2)
-    holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise
-    alarm = (s >= c.th.cusum_h) & holds & (ma < peak)
+    alarm = (s >= c.th.cusum_h) & (ma < peak)
+    has_aux = c.log.has("reward_aux")
+    if has_aux:
+        aux = c.s["reward_aux"]
+        aux_ma = c.ma("reward_aux", w2)
+        aux_se = windowed_sd(aux, w2) / math.sqrt(w2)
+        holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise
+    else:
+        aux_ma, holds = np.full(c.n, np.nan), np.zeros(c.n, dtype=bool)
 
     def evidence(i, j):
         k = i + int(np.nanargmin(ma[i:j + 1]))
-        return (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its peak -> {100 * ma[k]:.1f} % "
-                f"(noise {100 * noise:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g}) "
-                f"while the auxiliary reward holds at {aux_ma[k]:.3g}")
+        text = (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its peak -> {100 * ma[k]:.1f} % "
+                f"(noise {100 * noise:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g})")
+        if has_aux:
+            text += (f" while the auxiliary reward holds at {aux_ma[k]:.3g}" if holds[k] else
+                     f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
+        return text
 
     c.fire("correctness_drop", alarm, evidence, gap=c.w)
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
-    c.fire("reward_hacking", alarm & realised,
-           lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
+    c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 
 
 def all_wrong_rising(c: _Ctx) -> None:
