@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
                        help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
                             "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), "
+                            "langfuse=URL of the Langfuse project (alerts link the run's generations), "
                             "group_by=job,instance,run_id (the labels every rule aggregates by), or any "
                             "detector threshold, e.g. kl_bound=0.5 (repeatable; each is checked against its domain)")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")

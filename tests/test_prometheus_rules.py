@@ -157,8 +157,9 @@ def test_the_example_prometheus_config_loads_the_rules(promtool):
     assert p.returncode == 0 and f"{n} rules found" in p.stdout, p.stdout + p.stderr
 
 
-def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
-    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://grafana.example.com/"])
+def test_alerts_link_the_runs_dashboard_and_generations_when_grafana_and_langfuse_are_set(tmp_path, promtool):
+    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://grafana.example.com/",
+                                                          "langfuse=https://langfuse.example.com/project/p1"])
     (tmp_path / "rules.yml").write_text(rulegen.render(params))
     drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
     case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
@@ -169,13 +170,16 @@ def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
                            "run_id": "run 7"},
             "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
                                    for k, v in drift["annotations"].items()},
-                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7"},
+                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7",
+                                # the run's Langfuse session: the trace exporter's session id is the run id
+                                "generations_url": "https://langfuse.example.com/project/p1/sessions/run+7"},
         }]}],
     }]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     p = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dashboard_url" not in RULES.read_text()  # the default rendering has no Grafana to link
+    assert "generations_url" not in RULES.read_text()  # nor a Langfuse
 
 
 def test_group_by_is_one_setting_used_by_every_rule(tmp_path, promtool):

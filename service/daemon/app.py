@@ -166,14 +166,14 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         """The `grpo-sentinel diagnose` markdown report of the run so far."""
         from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
         from grpo_sentinel.telemetry.health.ingest import load
-        from grpo_sentinel.telemetry.health.report import to_markdown
+        from grpo_sentinel.telemetry.health.report import to_markdown, with_generations
 
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():
             raise HTTPException(404, f"run {run_id!r} has not recorded a step yet")
         runlog = load(path)
         th = Thresholds(window=runlog.window or auto_window(runlog.completions_per_step))
-        return Response(to_markdown(diagnose(runlog, th), runlog, th), media_type="text/markdown")
+        return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
     return app
 

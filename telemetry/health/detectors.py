@@ -137,6 +137,7 @@ class Condition:
     evidence: str
     cause: str
     action: str
+    generations: str = ""  # the Langfuse trace (link, or id) of the generations behind it, when the run was traced
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

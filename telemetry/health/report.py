@@ -12,6 +12,22 @@ from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
+from grpo_sentinel.telemetry.traces import links_for
+
+
+def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
+    """Each condition linked to the generations behind it: the run's first trace within the condition's
+    steps (the trainer traces the groups that explain an active condition, and lists them first)."""
+    if not log.traces:
+        return diag
+    links = links_for(log.trace_project)
+    steps = np.array(sorted(log.traces))
+    for c in diag.conditions:
+        i = np.searchsorted(steps, c.first_step)
+        if i < len(steps) and steps[i] <= c.last_step:
+            tid = log.traces[int(steps[i])]
+            c.generations = (links.trace(tid) if links else "") or f"trace {tid} (step {steps[i]})"
+    return diag
 
 
 def summary(log: RunLog, th: Thresholds) -> dict:
@@ -80,6 +96,8 @@ def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
     for c in diag.conditions:
         lines.append(f"{c.severity.upper():8} {c.id} steps {c.first_step}-{c.last_step}: {c.evidence}")
         lines.append(f"         cause: {c.cause}; action: {c.action}")
+        if c.generations:
+            lines.append(f"         generations: {c.generations}")
     for name in ("reward", "kl"):
         if name in sm:
             d = sm[name]
@@ -125,8 +143,8 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out.append("No condition of the health table holds.")
     else:
         out += ["| severity | condition | steps | evidence | likely cause | suggested action |", "|---|---|---|---|---|---|"]
-        out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence} | {c.cause} | {c.action} |"
-                for c in diag.conditions]
+        out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence}{_generations(c.generations)} "
+                f"| {c.cause} | {c.action} |" for c in diag.conditions]
     out += ["", "## Lead time", "", lead_words(lead_time(diag, log, th)) + ".", "",
             f"Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
             "evaluations: the reward's moving mean); the lead is the damage step minus the first critical verdict's."]
@@ -168,3 +186,9 @@ def plot(diag: Diagnosis, log: RunLog, th: Thresholds, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _generations(where: str) -> str:
+    if not where:
+        return ""
+    return f" ([generations]({where}))" if where.startswith("http") else f" (generations: {where})"

@@ -55,6 +55,7 @@ class RuleParams:
     max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
     runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
     grafana: str = ""  # Grafana base URL: alerts then link the run's dashboard (`dashboard_url`)
+    langfuse: str = ""  # Langfuse project URL (https://host/project/<id>): alerts link the run's generations
     # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
     # keeps consecutive runs of the daemon on one pod apart in every window.
     group_by: tuple[str, ...] = ("job", "instance", "run_id")
@@ -344,17 +345,21 @@ def alert_name(cid: str) -> str:
 
 
 def _dashboard(p: RuleParams) -> dict[str, str]:
-    """The alerting run's dashboard (grafana/dashboards/grpo-health.json): job and run id from the
-    alert's own labels (every series carries run_id). Without run_id in group_by the alert has no
-    such label, and the run is looked up in `target_info` when the alert fires."""
-    if not p.grafana:
-        return {}
+    """Links from the page: the alerting run's dashboard (grafana/dashboards/grpo-health.json) and its
+    generations in Langfuse (the trace exporter makes the run id the session id). Job and run id come
+    from the alert's own labels (every series carries run_id); without run_id in group_by the alert has
+    no such label, and the run is looked up in `target_info` when the alert fires."""
     if "run_id" in p.group_by:
         run = "{{ $labels.run_id | urlquery }}"
     else:
         run = ('{{ with printf "max by (grpo_run_id) (target_info{job=%q, instance=%q})" $labels.job $labels.instance '
                '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
-    return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"}
+    out = {}
+    if p.grafana:
+        out["dashboard_url"] = f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"
+    if p.langfuse:
+        out["generations_url"] = f"{p.langfuse.rstrip('/')}/sessions/{run}"
+    return out
 
 
 def health_rules(p: RuleParams) -> list[dict]:
