@@ -4,6 +4,7 @@ JSON or a markdown monitoring report."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,15 @@ def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
         return diag
     links = links_for(log.trace_project)
     steps = np.array(sorted(log.traces))
-    for c in diag.conditions:
+
+    def linked(c):
         i = np.searchsorted(steps, c.first_step)
-        if i < len(steps) and steps[i] <= c.last_step:
-            tid = log.traces[int(steps[i])]
-            c.generations = (links.trace(tid) if links else "") or f"trace {tid} (step {steps[i]})"
+        if i == len(steps) or steps[i] > c.last_step:
+            return c
+        tid = log.traces[int(steps[i])]
+        return replace(c, generations=(links.trace(tid) if links else "") or f"trace {tid} (step {steps[i]})")
+
+    diag.conditions = [linked(c) for c in diag.conditions]
     return diag
 
 
