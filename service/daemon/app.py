@@ -105,13 +105,16 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/runs", status_code=201, dependencies=[Depends(authorised)], tags=["runs"],
-              responses={409: {"description": "the run id is taken"}, 422: {"description": "invalid config"}})
+              responses={409: {"description": "the run id is taken"}, 422: {"description": "invalid config"},
+                         507: {"description": "the state directory is full or read-only"}})
     def submit(cfg: Config) -> Submitted:
         """Queue a run. The body is the same config as `grpo-sentinel train` takes, as JSON (`{}` is the demo)."""
         try:
             return Submitted(id=supervisor.submit(cfg), status="queued")
         except RunDirError as e:
             raise HTTPException(409, str(e)) from None
+        except OSError as e:  # a full or read-only state volume: nothing was queued
+            raise HTTPException(507, f"cannot write the run into the state directory: {e.strerror or e}") from None
 
     @app.get("/v1/runs", dependencies=[Depends(authorised)], tags=["runs"])
     def runs() -> list[RunBrief]:
