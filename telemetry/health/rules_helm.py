@@ -115,7 +115,7 @@ def _bindings() -> str:
         else:
             conv = {int: "int64", float: "float64", str: "toString"}[type(default)]
             lines.append(f"{{{{- ${name} := {got} | {conv} }}}}")
-    return "\n".join(lines)
+    return "\n".join(line[:-2] + "-}}" for line in lines)  # -}}: no blank line before `groups:`
 
 
 def _params(slots: dict[str, int], grafana) -> rulegen.RuleParams:

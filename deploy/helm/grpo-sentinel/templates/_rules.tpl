@@ -30,34 +30,34 @@
 
 {{- /* The PrometheusRule spec: rules(RuleParams(...the values...)). */}}
 {{- define "grpo-sentinel.rules.spec" -}}
-{{- $s := .Values.prometheusRule.settings }}
-{{- $grafana := .Values.grafanaUrl | toString }}
-{{- $window := include "grpo-sentinel.rules.seconds" (list "window" (dig "window" 300 $s) true) | int64 }}
-{{- $pending := include "grpo-sentinel.rules.seconds" (list "pending" (dig "pending" 120 $s) false) | int64 }}
-{{- $stall := include "grpo-sentinel.rules.seconds" (list "stall" (dig "stall" 900 $s) true) | int64 }}
-{{- $max_reward := dig "max_reward" 1.0 $s | float64 }}
-{{- $runbook := dig "runbook" "docs/runbook.md" $s | toString }}
-{{- $adv_mean_tol := dig "adv_mean_tol" 0.001 $s | float64 }}
-{{- $nonfinite_run := dig "nonfinite_run" 3 $s | int64 }}
-{{- $saturated := dig "saturated" 0.95 $s | float64 }}
-{{- $zero_signal := dig "zero_signal" 0.9 $s | float64 }}
-{{- $kl_flat := dig "kl_flat" 0.001 $s | float64 }}
-{{- $reward_drop := dig "reward_drop" 0.05 $s | float64 }}
-{{- $loose_gap := dig "loose_gap" 0.3 $s | float64 }}
-{{- $loose_reward := dig "loose_reward" 0.7 $s | float64 }}
-{{- $small_group := dig "small_group" 4 $s | int64 }}
-{{- $small_group_zero := dig "small_group_zero" 0.4 $s | float64 }}
-{{- $kl_bound := dig "kl_bound" 1.0 $s | float64 }}
-{{- $kl_dominant_min := dig "kl_dominant_min" 0.05 $s | float64 }}
-{{- $kl_dominant_zero := dig "kl_dominant_zero" 0.95 $s | float64 }}
-{{- $entropy_collapse := dig "entropy_collapse" 0.3 $s | float64 }}
-{{- $entropy_blowup_lnv := dig "entropy_blowup_lnv" 0.8 $s | float64 }}
-{{- $entropy_blowup_baseline := dig "entropy_blowup_baseline" 3.0 $s | float64 }}
-{{- $entropy_blowup_rise_lnv := dig "entropy_blowup_rise_lnv" 0.1 $s | float64 }}
-{{- $exploration_rise := dig "exploration_rise" 1.5 $s | float64 }}
-{{- $exploration_signal := dig "exploration_signal" 0.5 $s | float64 }}
-{{- $truncation := dig "truncation" 0.5 $s | float64 }}
-{{- $wrong_longer := dig "wrong_longer" 1.5 $s | float64 }}
+{{- $s := .Values.prometheusRule.settings -}}
+{{- $grafana := .Values.grafanaUrl | toString -}}
+{{- $window := include "grpo-sentinel.rules.seconds" (list "window" (dig "window" 300 $s) true) | int64 -}}
+{{- $pending := include "grpo-sentinel.rules.seconds" (list "pending" (dig "pending" 120 $s) false) | int64 -}}
+{{- $stall := include "grpo-sentinel.rules.seconds" (list "stall" (dig "stall" 900 $s) true) | int64 -}}
+{{- $max_reward := dig "max_reward" 1.0 $s | float64 -}}
+{{- $runbook := dig "runbook" "docs/runbook.md" $s | toString -}}
+{{- $adv_mean_tol := dig "adv_mean_tol" 0.001 $s | float64 -}}
+{{- $nonfinite_run := dig "nonfinite_run" 3 $s | int64 -}}
+{{- $saturated := dig "saturated" 0.95 $s | float64 -}}
+{{- $zero_signal := dig "zero_signal" 0.9 $s | float64 -}}
+{{- $kl_flat := dig "kl_flat" 0.001 $s | float64 -}}
+{{- $reward_drop := dig "reward_drop" 0.05 $s | float64 -}}
+{{- $loose_gap := dig "loose_gap" 0.3 $s | float64 -}}
+{{- $loose_reward := dig "loose_reward" 0.7 $s | float64 -}}
+{{- $small_group := dig "small_group" 4 $s | int64 -}}
+{{- $small_group_zero := dig "small_group_zero" 0.4 $s | float64 -}}
+{{- $kl_bound := dig "kl_bound" 1.0 $s | float64 -}}
+{{- $kl_dominant_min := dig "kl_dominant_min" 0.05 $s | float64 -}}
+{{- $kl_dominant_zero := dig "kl_dominant_zero" 0.95 $s | float64 -}}
+{{- $entropy_collapse := dig "entropy_collapse" 0.3 $s | float64 -}}
+{{- $entropy_blowup_lnv := dig "entropy_blowup_lnv" 0.8 $s | float64 -}}
+{{- $entropy_blowup_baseline := dig "entropy_blowup_baseline" 3.0 $s | float64 -}}
+{{- $entropy_blowup_rise_lnv := dig "entropy_blowup_rise_lnv" 0.1 $s | float64 -}}
+{{- $exploration_rise := dig "exploration_rise" 1.5 $s | float64 -}}
+{{- $exploration_signal := dig "exploration_signal" 0.5 $s | float64 -}}
+{{- $truncation := dig "truncation" 0.5 $s | float64 -}}
+{{- $wrong_longer := dig "wrong_longer" 1.5 $s | float64 -}}
 groups:
 - name: grpo-recording
   rules:
