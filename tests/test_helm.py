@@ -419,7 +419,8 @@ def test_rule_labels_and_a_bad_window():
 def test_schema_lists_exactly_the_generators_settings():
     settings = json.loads((CHART / "values.schema.json").read_text())["properties"]["prometheusRule"]["properties"]["settings"]
     assert settings["additionalProperties"] is False
-    assert set(settings["properties"]) == set(rules_helm.settable())
+    assert set(settings["properties"]) == set(rules_helm.settable()), \
+        "values.schema.json prometheusRule.settings must list every `grpo-sentinel rules --set` name but grafana"
     for name, default in rules_helm.settable().items():
         want = (["string", "integer"] if name in rulegen._DURATIONS else
                 {str: "string", int: "integer", float: "number"}[type(default)])
