@@ -65,6 +65,8 @@ class RuleParams:
 
 def duration(seconds: float) -> str:
     """Prometheus duration: 300 -> '5m', 90 -> '90s'."""
+    if not isinstance(seconds, (int, float)):  # a Helm values expression (rules_helm.py) formats itself
+        return format(seconds, "duration")
     s = int(round(seconds))
     for unit, size in (("h", 3600), ("m", 60)):
         if s % size == 0 and s >= size:
