@@ -417,29 +417,31 @@ class Trainer:
     def _checkpoint(self) -> None:
         """Rank 0 writes (the adapter and optimizer are identical on every rank); every rank waits for
         it, so a run that ends here ends with its checkpoint on disk, and learns whether it failed."""
-        failure = None
+        saved, failure = False, None
         if self.dist.main:
             try:
-                self._save()
+                saved = self._save()
             except DiskFull as e:
                 failure = e
-        failure = self.dist.broadcast(failure)
+        saved, failure = self.dist.broadcast((saved, failure))
         if failure is not None:
             raise failure
-        self._saved_step = self.state.step
+        if saved:
+            self._saved_step = self.state.step
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
         p = self.policy
         try:
             saved = self._disk(checkpoint.save, self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer,
                                p.scheduler, asdict(self.state), self.cfg.run.keep_checkpoints)
         except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
             log.error("%s", e)
-            return
+            return False
         if self._healthy:  # a rollback target that no critical condition had touched
             self._disk(checkpoint.mark_last_healthy, saved)
         if self.traces:  # bounded: after a crash, only the steps the resume re-does lack their traces
             self.traces.flush()
+        return True
 
     def _restore(self) -> bool:
         """Every rank loads the newest complete checkpoint rank 0 found (whatever world size wrote it)."""
