@@ -30,7 +30,7 @@ import numpy as np
 
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
-from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, windowed_sd
+from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Thresholds:
     entropy_drift: float = 0.25  # entropy rise above its early baseline worth a warning, as a fraction of it
     length_drift: float = 0.5  # mean length rising this fraction of the way from its early level to the cap
     correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
+    correctness_lookback: int = 10  # 2w-windows the training correctness peak is taken over (an all-time max drifts up)
     all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
     kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
     kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
@@ -85,7 +86,8 @@ _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "ent
              "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share")
 _ABOVE_ONE = ("loss_rolling_factor", "loss_baseline_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl")
-_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2}
+_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
+           "correctness_lookback": 1}
 
 
 def threshold_error(name: str, value: float) -> str | None:
@@ -225,15 +227,15 @@ class _Ctx:
             self.state[key] = float(out[-1])
         return out
 
-    def running_max(self, key: str, x: np.ndarray) -> np.ndarray:
-        """Running max of x over the judged rows (NaN ignored), continuing from the carried value."""
+    def trailing_max(self, key: str, x: np.ndarray, m: int) -> np.ndarray:
+        """Max of x over the trailing m rows (NaN ignored) at the judged rows; the last m - 1 values
+        before `start` are carried (a bounded state: m is a few windows, not the run)."""
         out = np.full(self.n, np.nan)
         if self.start < self.n:
-            prior = self.state.get(key, -np.inf)
-            out[self.start:] = np.maximum.accumulate(np.concatenate([[prior], np.where(np.isfinite(x[self.start:]),
-                                                                                         x[self.start:], -np.inf)]))[1:]
-            self.state[key] = float(out[-1])
-            out[~np.isfinite(out)] = np.nan
+            prior = self.state.get(key, np.zeros(0))
+            seg = np.concatenate([prior, x[self.start:]])
+            out[self.start:] = trailing_max(seg, m)[len(prior):]
+            self.state[key] = seg[len(seg) - (m - 1):] if m > 1 else np.zeros(0)
         return out
 
     def fire(self, cid: str, mask: np.ndarray, evidence, severity: str | None = None, gap: int = 0) -> None:
@@ -567,7 +569,7 @@ def kl(c: _Ctx) -> None:
     d1, d2 = _shift(k_ma, w) - _shift(k_ma, 2 * w), k_ma - _shift(k_ma, w)
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
-    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se)
+    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
     c.fire("kl_acceleration", accel,
            lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
                         f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)", gap=w)
@@ -583,6 +585,10 @@ def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
 
 
 KL_ACCEL_Z = 4.0  # standard deviations of noise a KL acceleration must stand out of (one-sided p ~ 3e-5 a step)
+# A standard error estimated from fewer steps than this is itself noise: the rows that test against one
+# need windows of at least MIN_STEPS steps (PromQL: a time window that holds fewer steps does not judge).
+MIN_STEPS = 5
+BINOMIAL_FLOOR = 0.01  # p(1-p) floor: a fraction near 0 or 1 still has the noise of a few completions
 
 
 def length_pathology(c: _Ctx) -> None:
@@ -648,8 +654,8 @@ def correctness(c: _Ctx) -> None:
     component) against the running peak of its 2w moving mean. Noise: the early step-to-step sd,
     which for a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also
     holds the correlation within groups that the formula misses; B need not be known). A CUSUM of
-    the shortfall below the peak, allowance half of `correctness_drop` (10 %) of the peak (at least
-    half a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning, whatever the
+    the shortfall below the recent peak, allowance half of `correctness_drop` (10 %) of the peak (at
+    least half a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning, whatever the
     cause (the policy getting worse at the task shows here before the sparse held-out evaluation
     sees it). Critical (reward_hacking) when an auxiliary reward (format, length, style:
     `reward_aux`) holds or rises meanwhile and the fall is realised: the moving mean
@@ -660,15 +666,23 @@ def correctness(c: _Ctx) -> None:
 
     def stats(rows):
         head = acc[rows]
-        return max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+        sigma = max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+        p0 = float(np.nanmean(head))
+        return max(p0 * (1 - p0), BINOMIAL_FLOOR) / sigma**2  # B_eff: completions a step, as the noise says
 
-    noise = c.early("correctness_early", c.E, stats)
-    if noise is None:
+    b_eff = c.early("correctness_early", c.E, stats)
+    if b_eff is None:
         return
     ma = c.ma("train_acc", w2)
-    peak = c.running_max("correctness_peak", np.where(c.row >= c.E, ma, np.nan))
-    # The running peak of a noisy mean sits above the true level by about two of its standard errors
-    # (the max of many correlated draws): that excess is added, or a flat run would drift to an alarm.
+    # The peak over the last `correctness_lookback` (10) 2w-windows: the max of ever more windows of a
+    # noisy mean drifts up without bound (after 100,000 steps it sits ~4 standard errors above the true
+    # level, and a flat healthy run would page); over ~10 independent windows it sits ~1.5 above, and
+    # two standard errors are added to the allowance for it.
+    peak = c.trailing_max("correctness_peak", np.where(c.row >= c.E, ma, np.nan), c.th.correctness_lookback * w2)
+    # The noise of a fraction moves with its level (binomial: sqrt(p(1-p)/B)): at the peak's level,
+    # with the B the early noise implies. A run that learns from 0.2 to 0.5 has 25 % more noise than
+    # it had early, and judged against the early sd would drift to an alarm.
+    noise = np.sqrt(np.maximum(peak * (1 - peak), BINOMIAL_FLOOR) / b_eff)
     allowance = np.maximum(c.th.correctness_drop * peak / 2, noise / 2) + 2 * noise / math.sqrt(w2)
     s = c.cusum("correctness_drop", np.where((c.row >= c.E) & np.isfinite(peak), (peak - acc - allowance) / noise, 0.0))
     alarm = (s >= c.th.cusum_h) & (ma < peak)
@@ -683,8 +697,8 @@ def correctness(c: _Ctx) -> None:
 
     def evidence(i, j):
         k = i + int(np.nanargmin(ma[i:j + 1]))
-        text = (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its peak -> {100 * ma[k]:.1f} % "
-                f"(noise {100 * noise:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g})")
+        text = (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its recent peak -> {100 * ma[k]:.1f} % "
+                f"(noise {100 * noise[k]:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g})")
         if has_aux:
             text += (f" while the auxiliary reward holds at {aux_ma[k]:.3g}" if holds[k] else
                      f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
@@ -754,7 +768,7 @@ def plateaus(c: _Ctx) -> None:
         # The earlier level must itself stand out of the noise, and the fall be well beyond it: the
         # test runs at every step, so 3 sigma still paged 2 % of simulated healthy runs; 5 sigma none.
         falling = (before > 5 * noise) & (lo < 0.5 * before) & (before - lo > 5 * math.sqrt(2) * noise)
-        hit = c.full(4 * c.w) & falling & _reward_flat(c) & (np.arange(c.n) >= c.start)
+        hit = c.full(4 * c.w) & falling & _reward_flat(c) & (np.arange(c.n) >= c.start) & (c.w >= MIN_STEPS)
         # One spike inflates a window mean, and the window after it then "falls": the medians must
         # fall too. Checked only where the means fall, so a long healthy log costs nothing.
         i = np.flatnonzero(hit)
