@@ -158,3 +158,22 @@ def _status_kib(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def code_at(rev: str, tmp: Path) -> dict[str, str]:
+    """The environment in which `grpo_sentinel` imports as it was at git revision `rev` (for before/after
+    runs): service/ and telemetry/ of that revision, extracted under tmp, first on PYTHONPATH."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    src, shim = tmp / f"src-{rev}", tmp / f"shim-{rev}" / "grpo_sentinel"
+    src.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "service", "telemetry"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    shim.mkdir(parents=True, exist_ok=True)
+    for package in ("service", "telemetry"):
+        link = shim / package
+        if not link.exists():
+            link.symlink_to(src / package)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim.parent), os.environ.get("PYTHONPATH", "")])}

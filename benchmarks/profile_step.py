@@ -7,13 +7,17 @@ trainer's per-step consumers (CSV record, OTel, health monitor) run after the st
 does; the OTel sink's recording runs on its worker thread, timed here by waiting for it.
 Evaluation (held-out set, sampled + greedy, every `run.sample_every` steps) is shown amortised.
 
-    python benchmarks/profile_step.py [--settings demo tok32] [--steps 12]
+    python benchmarks/profile_step.py [--settings demo tok32] [--steps 12] [--at REV] [--threads N] [--clock cpu]
+
+`--at REV` profiles our step as it was at git revision REV (the "before" of docs/performance.md).
+`--threads 1 --clock cpu` (CPU time of one thread) moves far less when others load the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,18 +32,19 @@ import common  # noqa: E402
 class Phases:
     """Exclusive wall time per phase name, for one step at a time."""
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
         self.now: dict[str, float] = defaultdict(float)
         self._stack: list[list[float]] = []  # [start, time spent in children]
 
     @contextmanager
     def phase(self, name: str):
-        self._stack.append([time.perf_counter(), 0.0, name])
+        self._stack.append([self.clock(), 0.0, name])
         try:
             yield
         finally:
             start, children, _ = self._stack.pop()
-            total = time.perf_counter() - start
+            total = self.clock() - start
             self.now[name] += total - children
             if self._stack:
                 self._stack[-1][1] += total
@@ -76,14 +81,14 @@ def instrument(ph: Phases, run: common.Ours) -> None:
     ph.wrap(step, "_stats", "statistics")
 
 
-def profile(setting: str, steps: int, tmp: Path) -> tuple[list[dict[str, float]], float]:
+def profile(setting: str, steps: int, tmp: Path, clock) -> tuple[list[dict[str, float]], float]:
     from grpo_sentinel.service.record import RunRecord
     from grpo_sentinel.service.trainer import evaluate, run_info
     from grpo_sentinel.telemetry.health.monitor import HealthMonitor
     from grpo_sentinel.telemetry.otel import OTelSink
 
     run = common.ours(common.model_dir(setting, tmp), common.SETTINGS[setting])
-    ph = Phases()
+    ph = Phases(clock)
     instrument(ph, run)
     info = run_info(run.cfg, tmp, run.policy)
     (tmp / f"run-{setting}").mkdir()
@@ -95,7 +100,7 @@ def profile(setting: str, steps: int, tmp: Path) -> tuple[list[dict[str, float]]
     rows = []
     for _ in range(steps):
         ph.now.clear()
-        t0 = time.perf_counter()
+        t0 = clock()
         with ph.phase("step, other"):
             stats = run.next()
         with ph.phase("sinks"):
@@ -103,13 +108,13 @@ def profile(setting: str, steps: int, tmp: Path) -> tuple[list[dict[str, float]]
             monitor.observe(stats)
             otel.on_step(stats)
             otel.flush()
-        ph.now["total"] = time.perf_counter() - t0
+        ph.now["total"] = clock() - t0
         rows.append(dict(ph.now))
     otel.close()
     record.close()
-    t0 = time.perf_counter()
+    t0 = clock()
     evaluate(run.policy, run.data.train[:200], run.cfg)  # 200: the default data.eval_size
-    eval_per_step = (time.perf_counter() - t0) / run.cfg.run.sample_every
+    eval_per_step = (clock() - t0) / run.cfg.run.sample_every
     return rows[2:], eval_per_step  # two warm-up steps
 
 
@@ -121,11 +126,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--settings", nargs="+", default=list(common.SETTINGS), choices=list(common.SETTINGS))
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--at", metavar="REV", help="profile the step as it was at this git revision")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or the process's CPU time (moves less when others load the machine)")
     args = ap.parse_args()
-    print(common.machine())
+    if args.at:  # the same script, importing grpo_sentinel from that revision
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [sys.executable, __file__, "--settings", *args.settings, "--steps", str(args.steps),
+                    "--clock", args.clock, *(["--threads", str(args.threads)] if args.threads else [])]
+            sys.exit(subprocess.run(argv, env=common.code_at(args.at, Path(tmp))).returncode)
+    import torch
+
+    from grpo_sentinel.service.grpo import step
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(common.machine() + f"; clock: {args.clock}")
+    print(f"step: {step.__file__}")
     with tempfile.TemporaryDirectory() as tmp:
         for setting in args.settings:
-            rows, eval_ms = profile(setting, args.steps, Path(tmp))
+            rows, eval_ms = profile(setting, args.steps, Path(tmp),
+                                    time.perf_counter if args.clock == "wall" else time.process_time)
             med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in ORDER + ["total"]}
             print(f"\n{setting}: max_new_tokens={common.SETTINGS[setting]}, G={common.G}, prompts={common.PROMPTS}, "
                   f"median of {len(rows)} steps: {1e3 * med['total']:.1f} ms/step, "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 
 TRAINER_SIDE = {
@@ -188,14 +188,18 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
         "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}]))",
         "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
+        # Steps the window holds: changes of the step counter, not scrapes (a scrape faster than the
+        # steps sees each step several times, and repeated samples are not independent ones).
+        "grpo:steps:seen_w": f"max {by} (changes(grpo_step[{w}])) + 1",
+        "grpo:steps:seen_2w": f"max {by} (changes(grpo_step[{w2}])) + 1",
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
-        "grpo:loss:se_2w": (f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n"
-                            f"/ sqrt(avg {by} (count_over_time(grpo_loss[{w2}])))"),
+        "grpo:loss:se_2w": f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n/ sqrt(grpo:steps:seen_2w)",
         # Standard error of the w KL mean from its step-to-step noise: the sd of consecutive differences
-        # (idelta at every evaluation of the window) / sqrt 2, over sqrt(samples): a trend only shifts
-        # the differences' mean (detectors._diff_se), for kl_acceleration.
-        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time(idelta(grpo_kl_mean[{duration(2 * p.window)}])[{w}:]))\n"
-                              f"/ {_num(math.sqrt(2))} / sqrt(avg {by} (count_over_time(grpo_kl_mean[{w}])))"),
+        # (idelta at every evaluation of the window; a repeated scrape of one step, a zero difference,
+        # is left out) / sqrt 2, over sqrt(steps): a trend only shifts the differences' mean
+        # (detectors._diff_se), for kl_acceleration.
+        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time((idelta(grpo_kl_mean[{w2}]) != 0)[{w}:]))\n"
+                              f"/ {_num(math.sqrt(2))} / sqrt(grpo:steps:seen_w)"),
         "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
         "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
@@ -285,7 +289,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > {_num(KL_ACCEL_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
             f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
             f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel ** 2))} * grpo:kl_mean:se_w\n"
-            f"and {_aged(p, 3)}",
+            f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 3)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
             f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway."),
@@ -294,7 +298,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
             f"and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > {_num(5 * math.sqrt(2))} * grpo:loss:se_2w\n"
             "and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2\n"
-            f"and {flat}\nand {_aged(p, 4)}",
+            f"and grpo:steps:seen_2w >= {2 * MIN_STEPS}\nand {flat}\nand {_aged(p, 4)}",
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
             "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),

@@ -93,14 +93,18 @@ groups:
     expr: avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
   - record: grpo:loss:median_2w_prev2
     expr: avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))
+  - record: grpo:steps:seen_w
+    expr: max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1
+  - record: grpo:steps:seen_2w
+    expr: max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1
   - record: grpo:loss:se_2w
     expr: |-
       avg by (job, instance, run_id) (stddev_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
-      / sqrt(avg by (job, instance, run_id) (count_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))
+      / sqrt(grpo:steps:seen_2w)
   - record: grpo:kl_mean:se_w
     expr: |-
-      avg by (job, instance, run_id) (stddev_over_time(idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])[{{ include "grpo-sentinel.rules.duration" $window }}:]))
-      / 1.41421 / sqrt(avg by (job, instance, run_id) (count_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+      avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+      / 1.41421 / sqrt(grpo:steps:seen_w)
   - record: grpo:entropy_mean:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))
   - record: grpo:entropy_mean:avg_w_prev
@@ -301,6 +305,7 @@ groups:
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 2 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 14.9666 * grpo:kl_mean:se_w
+      and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
     for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
     labels:
@@ -430,6 +435,7 @@ groups:
       and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w
       and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > 7.07107 * grpo:loss:se_2w
       and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2
+      and grpo:steps:seen_2w >= 10
       and abs(grpo:reward_mean:gain_2w) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
     for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
