@@ -12,7 +12,7 @@ below its running peak (detectors.damage_step). Lead = damage step - first criti
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
 
-    python benchmarks/bench_lead_time.py                      # everything (induced runs: ~15 min on 2 cores)
+    python benchmarks/bench_lead_time.py                      # everything (induced runs: ~6 min on 2 cores)
     python benchmarks/bench_lead_time.py --only fixtures zoo  # seconds
     python benchmarks/bench_lead_time.py --only induced --steps 150 --jobs 2
 """
