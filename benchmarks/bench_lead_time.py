@@ -1,78 +1,314 @@
-"""Lead time: induced pathologies on the tiny model, diagnosed online by the trainer's own monitor.
+"""Lead time, the headline quality figure: how many steps before the damage a run is paged, and how
+many false pages a healthy run gets.
 
-For each config: the step of the first warning and first critical condition, the step where
-held-out sample_acc first falls 10 % below its running peak (the damage), and the lead in steps
-(damage step - first alert; positive = paged before the damage). Healthy default runs over
-several seeds count critical conditions (goal: 0).
+Damage, as a user sees it: the first evaluation point where held-out accuracy sits 10 % (relative)
+below its running peak (detectors.damage_step). Lead = damage step - first critical verdict
+(positive: paged before the damage); the warning lead likewise for the first warning. Three sources:
 
-    python benchmarks/bench_lead_time.py [--steps 150] [--healthy-seeds 0 1 2]
+- fixtures: the two real book runs (tests/fixtures/book-runs, MATH-500, n = 500);
+- zoo: the simulated pathologies of tests/zoo.py over many seeds, with their known onset and damage
+  (the noise-free accuracy's), and 300 healthy runs of each healthy family for the false-page rate;
+- induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
+  decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
+  online by the trainer's own monitor, and healthy default runs over several seeds.
+
+    python benchmarks/bench_lead_time.py                      # everything (induced runs: ~6 min on 2 cores)
+    python benchmarks/bench_lead_time.py --only fixtures zoo  # seconds
+    python benchmarks/bench_lead_time.py --only induced --steps 150 --jobs 2
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import subprocess
+import math
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from grpo_sentinel.telemetry.health.table import BY_ID
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # benchmarks.bench_lead_time (the reward below) and tests/zoo.py
+
+from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, damage_step, diagnose, lead_time  # noqa: E402
+from grpo_sentinel.telemetry.health.ingest import load  # noqa: E402
+from grpo_sentinel.telemetry.health.table import BY_ID  # noqa: E402
+
+BOOK = REPO / "tests" / "fixtures" / "book-runs"
+
+
+def fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.0f}" if isinstance(x, float) else str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+def fixtures() -> list[dict]:
+    out = []
+    for name in ("ch06_rlvr_grpo_original_no_kl_metrics.csv", "7_4_plus_clip_ratio_metrics.csv"):
+        log = load(BOOK / name)
+        log.eval_n = 500  # MATH-500
+        lead = lead_time(diagnose(log), log)
+        critical = [c for c in diagnose(log).conditions if c.severity == "critical"]
+        label = {"ch06": "ch06 (no KL)", "7_4_": "7_4 (clipped)"}[name[:4]]
+        out.append({"source": label, **lead.as_dict(), "steps": len(log),
+                    "criticals": sorted({c.id for c in critical})})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Zoo
+
+
+def zoo_table(seeds: int) -> list[dict]:
+    import zoo
+
+    rows = []
+    for gen in zoo.ZOO:
+        if gen in zoo.HEALTHY:
+            continue
+        fw, fc, wl, cl, dmg, onset = [], [], [], [], None, None
+        for seed in range(seeds):
+            onset, dmg = zoo.truth(gen, seed)
+            log = zoo.make(gen, seed)
+            lead = lead_time(diagnose(log), log)
+            fw.append(lead.first_warning if lead.first_warning is not None else np.nan)
+            fc.append(lead.first_critical if lead.first_critical is not None else np.nan)
+            if dmg is not None:
+                wl.append(dmg - fw[-1])
+                cl.append(dmg - fc[-1])
+        med = lambda xs: float(np.nanmedian(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+        lo = lambda xs: float(np.nanmin(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+        rows.append({"pathology": gen.__name__, "onset": onset, "damage": dmg, "first_warning": med(fw),
+                     "first_critical": med(fc), "warning_lead": med(wl), "warning_lead_min": lo(wl),
+                     "lead": med(cl), "lead_min": lo(cl), "seeds": seeds})
+    return rows
+
+
+def false_pages(runs: int = 300) -> list[dict]:
+    import zoo
+
+    out = []
+    for gen in zoo.HEALTHY:
+        warnings = criticals = steps = 0
+        for seed in range(runs):
+            log = zoo.make(gen, seed)
+            steps += len(log)
+            for c in diagnose(log).conditions:
+                warnings += c.severity == "warning"
+                criticals += c.severity == "critical"
+        out.append({"family": gen.__name__, "runs": runs, "steps": steps, "warnings": warnings, "criticals": criticals,
+                    "warnings_per_1000": 1000 * warnings / steps, "criticals_per_1000": 1000 * criticals / steps})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Induced runs on the tiny model
+
+
+def long_answer(completion: str, answer: str, prompt: str) -> float:
+    """A gameable auxiliary reward: pays for length (up to 6 characters), right or wrong. The policy
+    learns to pad, the padded answers stop being right, and the combined reward holds."""
+    return min(len(completion.strip()), 6) / 6
+
+
+class Drift:
+    """A StepSink that moves one setting a little every step (the trainer reads its config every step)."""
+
+    def __init__(self, cfg, section: str, name: str, start: float, end: float, steps: int):
+        self.cfg, self.section, self.name, self.start_, self.end, self.steps = cfg, section, name, start, end, steps
+
+    def start(self, info) -> None:
+        setattr(getattr(self.cfg, self.section), self.name, self.start_)
+
+    def on_step(self, stats) -> None:
+        frac = min(1.0, stats.step / self.steps)
+        setattr(getattr(self.cfg, self.section), self.name, self.start_ + (self.end - self.start_) * frac)
+
+    def close(self) -> None:
+        pass
+
 
 INDUCED = {
-    "high_lr (1e-2)": ["optim.lr=1e-2"],
-    "high_lr (4e-3)": ["optim.lr=4e-3"],
-    "huge_beta (plateau_kl_flat)": ["grpo.beta=20"],
-    "format_only_reward (reward_hacking)": ["rewards=[{name: format}]"],
-    "cold_sampling_high_lr (entropy_collapse)": ["grpo.temperature=0.3", "optim.lr=5e-3"],
+    # name: (overrides ({steps} = the run's length), drift (section, field, start, end) or None)
+    "lr 1e-2 (fast collapse)": (["optim.lr=1e-2"], None),
+    "lr rising 0 -> 2e-2 over the run": (["optim.lr=2e-2", "optim.warmup_steps={steps}"], None),
+    "beta decaying 0.5 -> 0, lr 6e-3": (["optim.lr=6e-3", "grpo.beta=0.5"], ("grpo", "beta", 0.5, 0.0)),
+    "gameable length reward, lr 3e-3": (["optim.lr=3e-3",
+                                         "rewards=[{name: correct}, {name: 'benchmarks.bench_lead_time:long_answer'}]"], None),
+    "temperature drifting 1.0 -> 3.0": ([], ("grpo", "temperature", 1.0, 3.0)),
 }
 
 
-def run(name: str, overrides: list[str], steps: int, out: Path) -> dict:
-    args = [sys.executable, "-m", "grpo_sentinel.service.cli", "train", "--steps", str(steps), "--out", str(out),
-            "--set", f"run.run_id={name}", "--set", "run.sample_every=10", "--set", "telemetry.prometheus=false",
-            "--set", "health.stop_on=[]"]
-    for o in overrides:
-        args += ["--set", o]
-    subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_dir = out / name
+def real_damage(log) -> int | None:
+    """The damage beyond the evaluation's sampling noise: held-out accuracy 10 % below its running
+    peak *and* 2 standard errors of a difference of two evaluations below it (2 sqrt 2 sqrt(p(1-p)/n)).
+    On the tiny model (p ~ 0.2, n = 200: SE 2.8 points) a 10 % relative fall is 2 points, inside the
+    noise: healthy runs 'damage' themselves by that definition; this column says when it is real."""
+    s = log.series
+    if not log.has("sample_acc") or not log.eval_n:
+        return None
+    ok = np.isfinite(s["sample_acc"])
+    steps, acc = s["step"][ok], s["sample_acc"][ok]
+    if log.baseline_acc is not None:
+        steps, acc = np.concatenate([[0.0], steps]), np.concatenate([[log.baseline_acc], acc])
+    peak = np.maximum.accumulate(acc)
+    noise = 2 * math.sqrt(2) * np.sqrt(peak * (1 - peak) / log.eval_n)
+    hit = np.flatnonzero((acc <= 0.9 * peak) & (peak - acc >= noise))
+    return int(steps[hit[0]]) if len(hit) else None
+
+
+def induced_run(name: str, overrides: list[str], drift, steps: int, seed: int, out: str, index: int) -> dict:
+    import logging
+
+    from grpo_sentinel.service.config import load_config
+    from grpo_sentinel.service.trainer import Trainer
+
+    logging.disable(logging.WARNING)
+    cfg = load_config(None, [o.replace("{steps}", str(steps)) for o in overrides] +
+                      ["run.sample_every=10", "health.stop_on=[]", f"run.seed={seed}", "telemetry.prometheus=false"],
+                      **{"run.steps": steps})
+    run_dir = Path(out) / f"run{index}-seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "bench.json").write_text(json.dumps({"run": name, "seed": seed}))
+    sinks = [Drift(cfg, *drift, steps)] if drift else []
+    Trainer(cfg, run_dir, sinks=sinks).run()
+    return score(run_dir, name, seed)
+
+
+def score(run_dir: Path, name: str, seed: int) -> dict:
+    """One induced run's row: the online monitor's first verdicts (summary.json), the damage, the leads;
+    and whether `diagnose` on the record finds the same conditions (it must: the monitor is diagnose)."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    curve = list(csv.DictReader((run_dir / "reward-vs-step.csv").open()))
-    peak, damage = 0.0, None
-    for r in curve:
-        acc = float(r["sample_acc"])
-        peak = max(peak, acc)
-        if damage is None and peak > 0 and acc < 0.9 * peak:
-            damage = int(r["step"])
-    seen = summary["health_conditions"]
-    first = {sev: min((s for c, s in seen.items() if BY_ID[c].severity == sev), default=None)
-             for sev in ("warning", "critical")}
-    return {"conditions": seen, "first": first, "damage": damage}
+    seen = summary["health_conditions"]  # the online monitor's verdicts: condition -> first step
+    log = load(run_dir)
+    window = log.window or auto_window(log.completions_per_step)
+    diag = diagnose(log, Thresholds(window=window))
+    offline = {c.id for c in diag.conditions}
+    first = {sev: min(((s, c) for c, s in seen.items() if BY_ID[c].severity == sev), default=(None, "")) for sev in ("warning", "critical")}
+    dmg, words = damage_step(log, Thresholds(window=window))
+    real = real_damage(log)
+    lead = lambda d, a: None if d is None or a is None else d - a
+    return {"run": name, "seed": seed, "dir": str(run_dir), "damage": dmg, "damage_words": words, "real_damage": real,
+            "first_warning": first["warning"][0], "warning": first["warning"][1],
+            "first_critical": first["critical"][0], "critical": first["critical"][1],
+            "lead": lead(dmg, first["critical"][0]), "warning_lead": lead(dmg, first["warning"][0]),
+            "real_lead": lead(real, first["critical"][0]), "real_warning_lead": lead(real, first["warning"][0]),
+            "warnings": sum(BY_ID[c].severity == "warning" for c in seen), "conditions": seen,
+            "offline_agrees": offline == set(seen), "steps": summary["step"],
+            "baseline": summary["baseline"]["sample_acc"], "final": summary["final_eval"]["sample_acc"]}
+
+
+def rescore(runs: Path) -> list[dict]:
+    """Rows from kept run directories (--keep), diagnosed offline with the detectors as they are now:
+    the same verdicts the monitor would give (tests/test_monitor_streaming.py), without retraining."""
+    names = list(INDUCED) + ["healthy (defaults)"] * 100
+    rows = []
+    for run_dir in sorted(runs.iterdir(), key=lambda p: int(p.name[3:].split("-")[0])):
+        if not (run_dir / "summary.json").is_file():
+            continue  # still training, or failed
+        meta = json.loads((run_dir / "bench.json").read_text()) if (run_dir / "bench.json").is_file() else \
+            {"run": names[int(run_dir.name[3:].split("-")[0])], "seed": int(run_dir.name.split("seed")[1])}
+        row = score(run_dir, meta["run"], meta["seed"])
+        d = diagnose(load(run_dir), Thresholds(window=auto_window(64)))
+        firsts = {}
+        for c in d.conditions:  # the verdicts of today's detectors (the monitor's, step for step)
+            firsts.setdefault(c.id, c.first_step)
+        row["conditions"] = firsts
+        for sev in ("warning", "critical"):
+            cs = [(c.first_step, c.id) for c in d.conditions if c.severity == sev]
+            row[f"first_{sev}"], row[sev] = min(cs) if cs else (None, "")
+        for key, dmg, sev in (("lead", row["damage"], "critical"), ("warning_lead", row["damage"], "warning"),
+                              ("real_lead", row["real_damage"], "critical"), ("real_warning_lead", row["real_damage"], "warning")):
+            row[key] = None if dmg is None or row[f"first_{sev}"] is None else dmg - row[f"first_{sev}"]
+        row["warnings"] = sum(c.severity == "warning" for c in d.conditions)
+        row["offline_agrees"] = True
+        rows.append(row)
+    return rows
+
+
+def induced(steps: int, healthy_seeds: list[int], jobs: int, keep: Path | None) -> list[dict]:
+    from grpo_sentinel.service.demo import demo_model_dir
+
+    demo_model_dir()  # built once, before the workers start
+    runs = [(name, ov, drift, 0) for name, (ov, drift) in INDUCED.items()]
+    runs += [("healthy (defaults)", [], None, s) for s in healthy_seeds]
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(jobs) as pool:
+        out = str(keep) if keep else tmp
+        futures = [pool.submit(induced_run, name, ov, drift, steps, seed, out, i) for i, (name, ov, drift, seed) in enumerate(runs)]
+        rows = []
+        for (name, _, _, seed), f in zip(runs, futures):
+            try:
+                rows.append(f.result())
+            except Exception as e:  # one failed run must not lose the others' hour of training
+                rows.append({"run": name, "seed": seed, "error": f"{type(e).__name__}: {e}"})
+        return rows
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=150)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=["fixtures", "zoo", "induced"], default=["fixtures", "zoo", "induced"])
+    ap.add_argument("--seeds", type=int, default=20, help="zoo seeds per pathology")
+    ap.add_argument("--healthy-runs", type=int, default=300, help="simulated healthy runs per family")
+    ap.add_argument("--steps", type=int, default=150, help="steps of each induced run")
     ap.add_argument("--healthy-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--jobs", type=int, default=2, help="induced runs in parallel")
+    ap.add_argument("--json", type=Path, help="also write every number as JSON here")
+    ap.add_argument("--keep", type=Path, help="keep the induced runs' directories here (default: a temporary folder)")
+    ap.add_argument("--rescore", type=Path, metavar="DIR", help="no training: score the induced runs kept in DIR (--keep) "
+                                                                "with today's detectors")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        print(f"{'config':42} {'1st warning':>11} {'1st critical':>12} {'acc -10 %':>9} {'lead':>5}  conditions")
-        for i, (name, overrides) in enumerate(INDUCED.items()):
-            r = run(f"induced{i}", overrides, args.steps, Path(tmp))
-            alert = min((s for s in r["first"].values() if s is not None), default=None)
-            lead = r["damage"] - alert if r["damage"] is not None and alert is not None else None
-            fmt = lambda x: "-" if x is None else str(x)
-            print(f"{name:42} {fmt(r['first']['warning']):>11} {fmt(r['first']['critical']):>12} {fmt(r['damage']):>9} "
-                  f"{fmt(lead):>5}  {', '.join(f'{c}@{s}' for c, s in sorted(r['conditions'].items(), key=lambda kv: kv[1]))}",
-                  flush=True)
-        pages = 0
-        for seed in args.healthy_seeds:
-            r = run(f"healthy{seed}", [f"run.seed={seed}"], args.steps, Path(tmp))
-            crit = [c for c in r["conditions"] if BY_ID[c].severity == "critical"]
-            pages += len(crit)
-            print(f"healthy seed {seed}: conditions {r['conditions'] or 'none'}", flush=True)
-        print(f"critical conditions on {len(args.healthy_seeds)} healthy runs: {pages}")
+    report: dict = {}
+    if "fixtures" in args.only:
+        report["fixtures"] = rows = fixtures()
+        print(f"{'real log':16} {'1st warning':>20} {'1st critical':>20} {'damage':>6} {'lead':>5} {'warn lead':>9}")
+        for r in rows:
+            print(f"{r['source']:16} {fmt(r['first_warning']) + ' ' + r['warning']:>20} "
+                  f"{fmt(r['first_critical']) + ' ' + r['critical']:>20} {fmt(r['damage_step']):>6} {fmt(r['lead']):>5} "
+                  f"{fmt(r['warning_lead']):>9}")
+        print()
+    if "zoo" in args.only:
+        report["zoo"] = rows = zoo_table(args.seeds)
+        print(f"zoo ({args.seeds} seeds; medians, min in brackets) {'onset':>6} {'damage':>6} {'1st warn':>8} {'1st crit':>8} "
+              f"{'warn lead':>11} {'lead':>11}")
+        for r in rows:
+            print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
+                  f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
+                  f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
+        report["false_pages"] = fp = false_pages(args.healthy_runs)
+        for r in fp:
+            print(f"  healthy {r['family']:16} {r['runs']} runs, {r['steps']:,} steps: {r['warnings']} warnings "
+                  f"({r['warnings_per_1000']:.3f} / 1,000 steps), {r['criticals']} critical ({r['criticals_per_1000']:.3f} / 1,000 steps)")
+        print()
+    if "induced" in args.only:
+        rows = rescore(args.rescore) if args.rescore else induced(args.steps, args.healthy_seeds, args.jobs, args.keep)
+        report["induced"] = rows
+        print(f"tiny model, {args.steps} steps {'1st warning':>24} {'1st critical':>20} {'damage':>6} {'lead':>5} "
+              f"{'warn':>5} | {'real':>4} {'lead':>5} {'warn':>5}  accuracy")
+        pages = warnings = steps = 0
+        for r in rows:
+            label = r["run"] + (f" seed {r['seed']}" if r["run"].startswith("healthy") else "")
+            if "error" in r:
+                print(f"  {label:34} failed: {r['error']}")
+                continue
+            print(f"  {label:34} {fmt(r['first_warning']) + ' ' + r['warning']:>22} {fmt(r['first_critical']) + ' ' + r['critical']:>20} "
+                  f"{fmt(r['damage']):>6} {fmt(r['lead']):>5} {fmt(r['warning_lead']):>5} | {fmt(r['real_damage']):>4} "
+                  f"{fmt(r['real_lead']):>5} {fmt(r['real_warning_lead']):>5}  {r['baseline']:.3f} -> {r['final']:.3f}"
+                  f"{'' if r['offline_agrees'] else '  (offline differs)'}")
+            if r["run"].startswith("healthy"):
+                pages += sum(BY_ID[c].severity == "critical" for c in r["conditions"])
+                warnings += r["warnings"]
+                steps += r["steps"]
+        print(f"  healthy demo runs: {pages} critical and {warnings} warning conditions in {steps} steps")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
 
 
 if __name__ == "__main__":

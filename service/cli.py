@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
                        help="window=5m (the detectors' window in time: ~20 of your steps), pending=2m (for:), stall=15m, "
                             "max_reward=1, runbook=URL, grafana=URL (alerts link the run's dashboard), "
+                            "langfuse=URL of the Langfuse project (alerts link the run's generations), "
                             "group_by=job,instance,run_id (the labels every rule aggregates by), or any "
                             "detector threshold, e.g. kl_bound=0.5 (repeatable; each is checked against its domain)")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
@@ -164,55 +165,94 @@ class Signals:
 
 def _train(args) -> int:
     signals = Signals()  # first: a signal while anything loads must still end in a message and a summary
-    from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
-
     from grpo_sentinel.service.config import SetupError
     from grpo_sentinel.service.data import DataError
+    from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
 
-    run = None
+    # Under torchrun every rank runs this; rank 0 alone speaks, takes the run directory and reports.
+    main = os.environ.get("RANK", "0") == "0"
+    if not main:
+        logging.getLogger().setLevel(logging.WARNING)
+    run = dist = None
     try:
         try:
             if args.resume is not None:
                 if args.config is not None:
                     raise ConfigError("--resume uses the run's saved config.yaml; drop --config (use --set to change a field)")
-                run, cfg = RunDir.resume(args.resume, args.overrides, args.steps)
+                cfg = RunDir.resume_config(args.resume, args.overrides, args.steps)  # read-only, on every rank
             else:
                 cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
-                run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
-                run = RunDir.new(Path(cfg.run.out_dir), run_id, cfg)
+            from grpo_sentinel.service.config import check_world_size
+            from grpo_sentinel.service.distributed import from_env
+
+            dist = from_env(cfg.model.device, cfg.distributed.timeout_s)
+            check_world_size(cfg.grpo.prompts_per_step, dist.world)
+            run = _on_rank0(dist, lambda: _take_run(args, cfg))
             from grpo_sentinel.service.trainer import Trainer  # torch: only once the config is known to be good
             from grpo_sentinel.telemetry.traces import trace_sink
 
             signals.check()
-
-            metrics = telemetry_sinks(cfg)
-            trainer = Trainer(cfg, run, sinks=[Progress(cfg.run.steps), *metrics], traces=trace_sink(cfg.traces))
+            metrics = telemetry_sinks(cfg) if dist.main else []
+            trainer = Trainer(cfg, run, sinks=[Progress(cfg.run.steps), *metrics] if dist.main else [],
+                              traces=trace_sink(cfg.traces) if dist.main else None, dist=dist)
             if not trainer.open():
-                print(f"run completed at step {trainer.state.step}: {run.path} (nothing to do)")
+                if dist.main:
+                    print(f"run completed at step {trainer.state.step}: {run.path} (nothing to do)")
                 return 0
             if metrics and metrics[0].prometheus_port:  # where a supervisor (the daemon) finds this run's metrics
                 run.update_summary(metrics_port=metrics[0].prometheus_port)
             signals.check()
         except (ConfigError, DataError, RunDirError, SetupError, OSError) as e:
-            print(f"grpo-sentinel: {e}", file=sys.stderr)
-            if run is not None:
+            if main:
+                print(f"grpo-sentinel: {e}", file=sys.stderr)
+            if run is not None and (dist is None or dist.main):
                 run.discard()  # a failed start leaves no half-made run directory behind
             return EXIT_BAD_INPUT
         signals.trainer = trainer
         result = trainer.loop()
     except Interrupted as e:
-        if run is None or run.discard():
+        if main and (run is None or run.discard()):
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
-        else:
+        elif main:
             run.update_summary(status="preempted", reason=str(e))  # the loop, if it ran, wrote its own summary first
             print(f"grpo-sentinel: {e}; resume with --resume {run.path}", file=sys.stderr)
         return 75
     finally:
         signals.trainer = None
+        if dist is not None:
+            dist.close()
+    if not main:
+        return result.exit_code
     if result.reason:
         print(f"grpo-sentinel: {result.reason}", file=sys.stderr)
     print(f"run {result.status} at step {result.step}: {result.run_dir}")
     return result.exit_code
+
+
+def _take_run(args, cfg):
+    """Rank 0: the new run's directory, made and locked, or the run to resume, checked and locked."""
+    from grpo_sentinel.service.runs import RunDir
+
+    if args.resume is not None:
+        return RunDir.resume(args.resume, args.overrides, args.steps)[0]
+    run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
+    return RunDir.new(Path(cfg.run.out_dir), run_id, cfg)
+
+
+def _on_rank0(dist, take):
+    """`take()` on rank 0; the run directory it names (or the bad-input error it raised) on every rank."""
+    from grpo_sentinel.service.runs import RunDir
+
+    run = error = None
+    if dist.main:
+        try:
+            run = take()
+        except ValueError as e:  # ConfigError, RunDirError: bad input, reported by every rank's exit code
+            error = e
+    path, error = dist.broadcast((run.path if run else None, error))
+    if error is not None:
+        raise error
+    return run if dist.main else RunDir(path)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,30 @@ class RunSettings(Section):
         return v
 
 
+class DistributedSettings(Section):
+    nproc_per_node: int | Literal["auto"] = Field(
+        1, description="Training processes the daemon starts for a run (torch's elastic launcher); 'auto': one per "
+                       "visible GPU. Under torchrun, its --nproc_per_node decides.")
+    timeout_s: float = Field(600.0, gt=0, description="A collective that waits longer ends the run with an error "
+                                                     "(a dead or hung rank), instead of hanging the others.")
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _positive(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("nproc_per_node must be at least 1, or 'auto'")
+        return v
+
+
+def check_world_size(prompts_per_step: int, world: int) -> None:
+    """Each rank trains whole prompts (a group is never split), so the world size must divide the global batch."""
+    if prompts_per_step % world:
+        fits = [n for n in range(1, prompts_per_step + 1) if prompts_per_step % n == 0]
+        raise ConfigError(f"grpo.prompts_per_step={prompts_per_step} cannot be split over {world} ranks (each rank "
+                          f"takes whole prompts): use a world size that divides it ({', '.join(map(str, fits))}), "
+                          "or change grpo.prompts_per_step")
+
+
 class Config(Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     data: DataSettings = Field(default_factory=DataSettings)
@@ -184,6 +208,7 @@ class Config(Section):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     traces: TracesSettings = Field(default_factory=TracesSettings)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -191,6 +216,11 @@ class Config(Section):
             raise ValueError("rewards: at least one reward function is needed")
         if (self.model.path == DEMO) != (self.data.path == DEMO):
             raise ValueError("model.path and data.path: the demo model only speaks the demo task; set both or neither to 'demo'")
+        if isinstance(self.distributed.nproc_per_node, int):
+            try:
+                check_world_size(self.grpo.prompts_per_step, self.distributed.nproc_per_node)
+            except ConfigError as e:
+                raise ValueError(f"distributed.nproc_per_node: {e}") from None
         return self
 
     def to_yaml(self) -> str:

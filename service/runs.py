@@ -27,12 +27,12 @@ from grpo_sentinel.service.config import Config, ConfigError, validate
 from grpo_sentinel.telemetry import runfiles
 
 # Fields a resume may change: they change neither what the recorded steps mean nor the shape of the
-# checkpoint (how long to train, how often to evaluate and checkpoint, where it runs, how it is
-# watched). Everything else (model, data, rewards, the GRPO and optimiser settings, the seeds) would
+# checkpoint (how long to train, how often to evaluate and checkpoint, where and on how many ranks it
+# runs, how it is watched). Everything else (model, data, rewards, the GRPO and optimiser settings, the seeds) would
 # make the earlier rows of the record lie about the run, or not fit the checkpoint.
 RESUMABLE = ("run.steps", "run.sample_every", "run.checkpoint_every", "run.keep_checkpoints",
              "run.max_consecutive_faults", "model.device", "grpo.micro_batch_size", "grpo.reward_timeout_s",
-             "grpo.reward_workers", "telemetry.", "health.", "traces.")
+             "grpo.reward_workers", "telemetry.", "health.", "traces.", "distributed.")
 
 
 class RunDirError(ValueError):
@@ -117,9 +117,24 @@ class RunDir:
         """The run at `path` with its own config, changed only where a resume may change it. Refuses,
         touching nothing, a directory that is not an intact run record or a change that would
         rewrite its meaning; allowed changes are written to the config and recorded as an event."""
+        run, saved, cfg = cls._resumable(Path(path), overrides, steps)
+        run.lock()
+        changes = config_changes(saved, cfg)
+        if changes:
+            run.config_path.write_text(cfg.to_yaml())
+            run.event("config_changed", changes={k: list(v) for k, v in changes.items()})
+        return run, cfg
+
+    @classmethod
+    def resume_config(cls, path: Path, overrides: list[str], steps: int | None) -> Config:
+        """The config a resume would continue with, checked like `resume`, touching nothing (what the
+        other ranks of a multi-process run read while rank 0 takes the run)."""
+        return cls._resumable(Path(path), overrides, steps)[2]
+
+    @classmethod
+    def _resumable(cls, path: Path, overrides: list[str], steps: int | None) -> tuple[RunDir, Config, Config]:
         from grpo_sentinel.service.config import load_config
 
-        path = Path(path)
         if not path.is_dir():
             raise RunDirError(f"--resume {path}: no such run directory")
         run = cls(path)
@@ -128,8 +143,7 @@ class RunDir:
         saved = run.read_config()
         run.read_summary()  # a corrupt summary is reported here, before anything is touched
         cfg = load_config(run.config_path, overrides, **{"run.steps": steps})
-        changes = config_changes(saved, cfg)
-        refused = {k: v for k, v in changes.items() if not resumable(k)}
+        refused = {k: v for k, v in config_changes(saved, cfg).items() if not resumable(k)}
         if refused:
             lines = "\n".join(f"  - {k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
             raise RunDirError(f"--resume {path}: these changes would rewrite what the recorded steps mean or not fit "
@@ -139,11 +153,7 @@ class RunDir:
             if not (path / "steps.csv").is_file():
                 raise RunDirError(f"--resume {path}: the run has checkpoints but no steps.csv: its record is damaged; "
                                   "restore steps.csv or start a new run")
-        run.lock()
-        if changes:
-            run.config_path.write_text(cfg.to_yaml())
-            run.event("config_changed", changes={k: list(v) for k, v in changes.items()})
-        return run, cfg
+        return run, saved, cfg
 
     def discard(self) -> bool:
         """Undo a start that ended before the run trained a step (only a directory this process made)."""

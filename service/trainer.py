@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from grpo_sentinel.service import checkpoint
 from grpo_sentinel.service.config import DEMO, Config, SetupError
 from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, fit_prompts, load_datasets
+from grpo_sentinel.service.distributed import SINGLE, Dist
 from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
 from grpo_sentinel.telemetry.record import RunRecord, recorded_steps
@@ -78,10 +79,10 @@ class RunResult:
     reason: str = ""
 
 
-def step_seed(seed: int, step: int) -> int:
-    """Each step's randomness derives from (seed, step) alone, so a resumed step samples exactly what
-    the uninterrupted run sampled, whatever happened to the process in between."""
-    return (seed * 1_000_003 + step) % (2**63)
+def step_seed(seed: int, step: int, rank: int = 0) -> int:
+    """Each step's randomness derives from (seed, step, rank) alone, so a resumed step samples exactly
+    what the uninterrupted run sampled, whatever happened to the process in between."""
+    return (seed * 1_000_003 + step + rank * 7_919_993) % (2**63)
 
 
 @dataclass(frozen=True)
@@ -94,13 +95,16 @@ class ModelSource:
     context: int | None  # max positions of the model, if its config says
 
 
-def resolve_model(cfg: Config) -> ModelSource:
+def resolve_model(cfg: Config, local_rank: int | None = None) -> ModelSource:
     """Tokenizer, device and LoRA targets checked against the model's config (instantiated on the meta
-    device: no weights, no memory), so a mistake fails in seconds, not after a multi-GB load."""
+    device: no weights, no memory), so a mistake fails in seconds, not after a multi-GB load. With
+    several ranks on a node, rank r's CUDA device is cuda:<local rank>."""
     from grpo_sentinel.service.demo import demo_model_dir
 
     path = demo_model_dir() if cfg.model.path == DEMO else Path(cfg.model.path).expanduser()
     device = cfg.model.device if cfg.model.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if local_rank is not None and device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise SetupError(f"model.device={cfg.model.device}: this machine has no CUDA device (torch "
@@ -126,7 +130,7 @@ def resolve_model(cfg: Config) -> ModelSource:
     return ModelSource(path, device, tokenizer, getattr(config, "max_position_embeddings", None))
 
 
-def build_policy(cfg: Config, source: ModelSource | None = None) -> Policy:
+def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SINGLE) -> Policy:
     src = source or resolve_model(cfg)
     base = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, cfg.model.dtype)).to(src.device)
     lora = cfg.model.lora
@@ -137,17 +141,18 @@ def build_policy(cfg: Config, source: ModelSource | None = None) -> Policy:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, o.warmup_steps, cfg.run.steps, o.schedule))
+    dist.same_as_rank0(trainable)  # seeded alike anyway; from here the same update keeps every rank identical
     return Policy(model, src.tokenizer, optimizer, scheduler, o.max_grad_norm)
 
 
-def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1) -> RunInfo:
+def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world_size: int = 1) -> RunInfo:
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     max_reward = max(1.0, sum(max(r.weight, 0.0) for r in cfg.rewards))
     g = cfg.grpo
     return RunInfo(run_id=run_dir.name, model=cfg.model.path, loss_type=g.loss_type,
                    scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens),
-                   attempt=attempt, sampling={"temperature": g.temperature, "top_p": g.top_p,
-                                              "max_new_tokens": g.max_new_tokens})
+                   attempt=attempt, world_size=world_size,
+                   sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens})
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -187,20 +192,26 @@ def evaluate(policy: Policy, heldout: list[Example], cfg: Config, batch: int = 2
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run: RunDir, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None):
-        self.cfg, self.run = cfg, run
-        self.traces = traces  # also a sink; it plans each step's traces before any sink sees the step
+    def __init__(self, cfg: Config, run: RunDir, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None,
+                 dist: Dist = SINGLE):
+        self.cfg, self.run, self.dist = cfg, run, dist
+        main = dist.main  # rank 0 alone records, watches, traces and checkpoints; every rank trains its shard
+        self.traces = traces if main else None  # also a sink; it plans each step's traces before any sink sees it
         self._stop_reason: str | None = None
         self._stop = threading.Event()  # set by request_stop(): the scorer stops waiting on rewards
         self.data: Datasets = load_datasets(cfg.data, cfg.run.seed)  # before the model: bad data fails fast
-        self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo, self._stop)
+        # Abandoning a step that waits on its rewards is for one process only: other ranks would wait
+        # for this one in the step's collectives. With several, a stop takes effect at the step boundary.
+        self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo,
+                                   self._stop if dist.world == 1 else None)
         self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
-        self.record = RunRecord(run.path, [r.name for r in cfg.rewards], traces.links.trace if traces else None)
-        self.sinks = [self.record, *sinks, *([traces] if traces else [])]
+        self.record = RunRecord(run.path, [r.name for r in cfg.rewards], traces.links.trace if traces else None) \
+            if main else None
+        self.sinks = [self.record, *sinks, *([traces] if traces else [])] if main else []
         h = cfg.health
         window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
         self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window),
-                                     group_size=cfg.grpo.group_size) if h.enabled else None
+                                     group_size=cfg.grpo.group_size) if h.enabled and main else None
         self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None
         self.state = LoopState()
@@ -238,27 +249,30 @@ class Trainer:
     def open(self) -> bool:
         """Load the model, restore the newest complete checkpoint or measure the step-0 baseline, and
         start the sinks. False: the run has already finished; nothing to do."""
-        cfg = self.cfg
-        summary = self.run.read_summary()
-        if summary.get("status") == "completed" and summary.get("step", 0) >= cfg.run.steps:
-            log.info("run %s already finished at step %d; nothing to do", self.run_dir, summary["step"])
-            self.state.step = summary["step"]
+        cfg, dist = self.cfg, self.dist
+        summary = self.run.read_summary() if dist.main else {}
+        done = dist.broadcast(summary.get("step", 0) if summary.get("status") == "completed" else -1)
+        if done >= cfg.run.steps:
+            log.info("run %s already finished at step %d; nothing to do", self.run_dir, done)
+            self.state.step = done
             return False
-        for note in self.data.notes:
+        for note in self.data.notes if dist.main else ():
             log.warning("data: %s", note)
-        source = resolve_model(cfg)
+        source = resolve_model(cfg, dist.local_rank if dist.world > 1 else None)
         limit = cfg.data.max_prompt_tokens or (source.context - cfg.grpo.max_new_tokens if source.context else None)
         if limit is not None:
             if limit < 1:
                 raise SetupError(f"grpo.max_new_tokens={cfg.grpo.max_new_tokens} leaves no room for a prompt in the "
                                  f"model's context of {source.context} tokens")
             self.data = fit_prompts(self.data, source.tokenizer, limit, cfg.data.long_prompts)
-        self.policy = build_policy(cfg, source)
+        self.policy = build_policy(cfg, source, dist)
+        resumed = self._restore()
+        if not dist.main:
+            return True
         # Each start is the next attempt, recorded before anything is traced: trace ids carry it, so a
         # resumed run never re-emits the ids of the steps it re-does.
         self.attempt = summary.get("attempt", 0) + 1
-        info = run_info(cfg, self.run_dir, self.policy, self.attempt)
-        resumed = self._restore()
+        info = run_info(cfg, self.run_dir, self.policy, self.attempt, dist.world)
         self._write_summary("running")
         self.run.event("resumed" if resumed else "started", attempt=self.attempt, step=self.state.step, pid=os.getpid())
         for sink in [*self.sinks, self.monitor] if self.monitor else self.sinks:
@@ -287,14 +301,27 @@ class Trainer:
         self._stop.set()
 
     def step(self) -> str | None:
-        """One step and what follows it; the run's final status when it ends here, else None."""
-        cfg, st = self.cfg, self.state
-        if self._stop_reason is not None:
+        """One step and what follows it; the run's final status when it ends here, else None. Every rank
+        ends at the same step boundary: a stop on any rank stops all, and rank 0's decisions (a health
+        action, the fault limit, a checkpoint, the end) are every rank's."""
+        dist = self.dist
+        if dist.any(self._stop_reason is not None, self.policy.device):
+            self._stop_reason = self._stop_reason or "a stop on another rank"
             return self._stopped()
         try:
             stats = self._train_one()
         except StepAbandoned:
             return self._stopped()
+        status, save = self._after(stats) if dist.main else (None, False)
+        status, save = dist.broadcast((status, save))
+        if save:
+            self._checkpoint()
+        return status
+
+    def _after(self, stats: StepStats) -> tuple[str | None, bool]:
+        """Rank 0, after a step: the health verdict, the record and every sink; then (final status or
+        None, checkpoint now?)."""
+        cfg, st = self.cfg, self.state
         verdict = self.monitor.observe(stats) if self.monitor else None
         if verdict is not None:
             stats = verdict.stamp(stats)
@@ -307,19 +334,19 @@ class Trainer:
             self._disk(sink.on_step, stats)
         if st.consecutive_faults >= cfg.run.max_consecutive_faults:
             log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
-            self._checkpoint()
-            return "halted"
+            return "halted", True
         if verdict is not None and verdict.action:
             log.warning("health: %s on %s at step %d (health.%s_on)", verdict.action, verdict.because, st.step,
                         verdict.action)
-            self._checkpoint()
-            return "halted" if verdict.action == "halt" else "stopped_early"
-        if st.step % cfg.run.checkpoint_every == 0 or st.step >= cfg.run.steps:
-            self._checkpoint()
-        return "completed" if st.step >= cfg.run.steps else None
+            return ("halted" if verdict.action == "halt" else "stopped_early"), True
+        save = st.step % cfg.run.checkpoint_every == 0 or st.step >= cfg.run.steps
+        return ("completed" if st.step >= cfg.run.steps else None), save
 
     def close(self, status: str, reason: str = "", exit_code: int | None = None) -> RunResult:
         """End the run: close the sinks (bounded), write the summary and the event, release the run."""
+        code = EXIT_CODES[status] if exit_code is None else exit_code
+        if not self.dist.main:
+            return RunResult(status, self.run_dir, self._saved_step, code, reason)
         if self._started:
             for sink in self.sinks:
                 try:
@@ -333,18 +360,23 @@ class Trainer:
         except OSError as e:  # a full disk: the record up to the newest checkpoint stands
             log.error("cannot write the summary of %s: %s", self.run_dir, e)
         self.run.unlock()
-        code = EXIT_CODES[status] if exit_code is None else exit_code
         return RunResult(status, self.run_dir, self._saved_step, code, reason)
 
     # -- one step ------------------------------------------------------------------------------
 
-    def _train_one(self) -> StepStats:
-        cfg, st = self.cfg, self.state
+    def _train_one(self) -> StepStats | None:
+        """One GRPO step on this rank's whole prompts; the whole step's statistics on rank 0, None elsewhere."""
+        cfg, st, dist = self.cfg, self.state, self.dist
         step = st.step + 1
-        torch.manual_seed(step_seed(cfg.run.seed, step))
+        torch.manual_seed(step_seed(cfg.run.seed, step, dist.rank))
+        # The data cursor and the step seeds are global: a run resumes at another world size.
         batch = [self.data.train[i] for i in self.sampler.batch(st.cursor, cfg.grpo.prompts_per_step)]
-        stats = grpo_step(self.policy, self.scorer, batch, cfg.grpo, step)
+        share = len(batch) // dist.world
+        stats = grpo_step(self.policy, self.scorer, batch[dist.rank * share:(dist.rank + 1) * share], cfg.grpo,
+                          step, dist)
         st.step, st.cursor = step, st.cursor + len(batch)
+        if stats is None:
+            return None
         st.invalid_rewards += stats.invalid_rewards
         if stats.skipped:
             st.consecutive_faults += 1
@@ -382,33 +414,54 @@ class Trainer:
                            + f"): free space, then --resume {self.run_dir} (it continues from step {self._saved_step})") from None
 
     def _checkpoint(self) -> None:
+        """Rank 0 writes (the adapter and optimizer are identical on every rank); every rank waits for
+        it, so a run that ends here ends with its checkpoint on disk, and learns whether it failed."""
+        saved, failure = False, None
+        if self.dist.main:
+            try:
+                saved = self._save()
+            except DiskFull as e:
+                failure = e
+        saved, failure = self.dist.broadcast((saved, failure))
+        if failure is not None:
+            raise failure
+        if saved:
+            self._saved_step = self.state.step
+
+    def _save(self) -> bool:
         p = self.policy
         try:
             saved = self._disk(checkpoint.save, self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer,
                                p.scheduler, asdict(self.state), self.cfg.run.keep_checkpoints)
         except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
             log.error("%s", e)
-            return
-        self._saved_step = self.state.step
+            return False
         if self._healthy:  # a rollback target that no critical condition had touched
             self._disk(checkpoint.mark_last_healthy, saved)
         if self.traces:  # bounded: after a crash, only the steps the resume re-does lack their traces
             self.traces.flush()
+        return True
 
     def _restore(self) -> bool:
-        ckpt = checkpoint.latest(self.run_dir / "checkpoints")
+        """Every rank loads the newest complete checkpoint rank 0 found (whatever world size wrote it)."""
+        ckpt = checkpoint.latest(self.run_dir / "checkpoints") if self.dist.main else None
+        ckpt = self.dist.broadcast(ckpt)
         if ckpt is None:
             return False
         p = self.policy
+        problem = ""
         try:
             self.state = LoopState(**checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler))
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise RunDirError(f"{ckpt.path} does not fit this model and config ({e}); the run cannot resume "
-                              "with them") from None
-        recorded = recorded_steps(self.run_dir / "steps.csv") if (self.run_dir / "steps.csv").is_file() else []
-        if recorded[: self.state.step] != list(range(1, self.state.step + 1)):
-            raise RunDirError(f"{self.run_dir / 'steps.csv'} lacks some of steps 1-{self.state.step} that the checkpoint "
-                              "has trained: the record is damaged; restore it or start a new run")
+            problem = f"{ckpt.path} does not fit this model and config ({e}); the run cannot resume with them"
+        if self.dist.main and not problem:
+            recorded = recorded_steps(self.run_dir / "steps.csv") if (self.run_dir / "steps.csv").is_file() else []
+            if recorded[: self.state.step] != list(range(1, self.state.step + 1)):
+                problem = (f"{self.run_dir / 'steps.csv'} lacks some of steps 1-{self.state.step} that the checkpoint "
+                           "has trained: the record is damaged; restore it or start a new run")
+        problems = self.dist.all_gather(problem)
+        if any(problems):
+            raise RunDirError(next(p for p in problems if p))
         self._saved_step = self.state.step
         log.info("resuming from %s (step %d)", ckpt.path, self.state.step)
         return True
@@ -417,7 +470,7 @@ class Trainer:
         st = self.state
         self.run.update_summary(**{  # keeps what others wrote there (the daemon's submitted_at)
             "status": status, "step": self._saved_step if status != "running" else st.step, "steps": self.cfg.run.steps,
-            "attempt": self.attempt, "pid": os.getpid(), "reason": reason,
+            "attempt": self.attempt, "pid": os.getpid(), "reason": reason, "world_size": self.dist.world,
             "seconds_this_session": round(time.monotonic() - self._t0, 1),
             "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
             "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,

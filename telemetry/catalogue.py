@@ -40,7 +40,7 @@ class Metric:
 
     def prometheus_names(self) -> list[str]:
         """Names as the OTel Prometheus exporter writes them ('.' -> '_', unit suffix, type suffix)."""
-        base = self.name.replace(".", "_") + {"s": "_seconds"}.get(self.unit, "")
+        base = self.name.replace(".", "_") + {"s": "_seconds", "By": "_bytes"}.get(self.unit, "")
         return {"histogram": [f"{base}_bucket", f"{base}_sum", f"{base}_count"], "counter": [f"{base}_total"],
                 "gauge": [base]}[self.kind]
 
@@ -166,6 +166,15 @@ CATALOGUE: list[Metric] = [
     Metric("grpo.group.size", "gauge", "{completion}", "step", "G: completions sampled per prompt (group).",
            _per_completion(lambda s: [(len(s.samples.length) / len(s.samples.group_reward_std), {})])),
     Metric("grpo.step", "gauge", "1", "step", "The last completed optimizer step.", lambda s: [(float(s.step), {})]),
+    # Per training process (attribute `rank`): a straggler shows as one rank busy while the others wait.
+    Metric("grpo.rank.step_time", "gauge", "s", "step and rank", "Wall time of the step on each rank.",
+           lambda s: [(r.step_time, {"rank": str(r.rank)}) for r in s.ranks]),
+    Metric("grpo.rank.collective_wait", "gauge", "s", "step and rank",
+           "Time each rank spent in the step's explicit collectives (waiting for the slowest rank, then the transfer).",
+           lambda s: [(r.wait, {"rank": str(r.rank)}) for r in s.ranks]),
+    Metric("grpo.rank.peak_memory", "gauge", "By", "step and rank",
+           "Peak memory of each rank: the CUDA allocator's peak, else the process's peak resident set.",
+           lambda s: [(r.peak_memory, {"rank": str(r.rank)}) for r in s.ranks]),
     Metric("grpo.step.last_timestamp", "gauge", "s", "step", "Unix time the last step completed (stall detection).",
            lambda s: []),  # recorded by the sink at on_step time, not from the record
     Metric("grpo.health.condition", "gauge", "1", "step and condition",
@@ -205,6 +214,23 @@ CATALOGUE: list[Metric] = [
 BY_NAME = {m.name: m for m in CATALOGUE}
 
 
+@dataclass(frozen=True)
+class DaemonMetric:
+    """A series the daemon (`grpo-sentinel serve`) exports itself, next to the active run's."""
+
+    name: str  # as scraped
+    kind: str
+    description: str
+
+
+DAEMON = [
+    DaemonMetric("grpo_runs", "gauge", "Runs known to the daemon, by status (attribute `status`: queued, running, "
+                                       "completed, stopped_early, halted, preempted, stopped, failed)."),
+    DaemonMetric("grpo_runs_finished_total", "counter", "Runs that ended, by how (attribute `status`; failed: see the "
+                                                         "run's error)."),
+]
+
+
 def nonfinite_signals(s: StepStats) -> list[str]:
     """Which of the step's core scalars are NaN/inf (kl is legitimately NaN when beta = 0, so it
     counts only when +-inf; a field nothing measured, StepStats.unmeasured, is absent, not overflow)."""
@@ -242,7 +268,10 @@ def markdown() -> str:
         lines.append(f"| `{m.name}` | {' '.join(f'`{n}`' for n in m.prometheus_names())} | {m.kind} | `{m.unit}` | "
                      f"{m.per} | {buckets} | {m.description} |")
     lines += ["", "Buckets shown for the demo (max reward 1, V = 15, max_new_tokens = 6); they scale with the run:",
-              "rewards over [0, max reward], entropy over [0, ln V], lengths over [0, max_new_tokens].", ""]
+              "rewards over [0, max reward], entropy over [0, ln V], lengths over [0, max_new_tokens].", "",
+              "The daemon's own series (`grpo-sentinel serve`, on the same `/metrics` as the active run's; no `run_id`):",
+              "", "| Prometheus | kind | description |", "|---|---|---|"]
+    lines += [f"| `{d.name}` | {d.kind} | {d.description} |" for d in DAEMON] + [""]
     return "\n".join(lines)
 
 

@@ -181,13 +181,30 @@ def panels() -> list[tuple[str, list]]:
         _timeseries("Step time", "Step wall time quantiles (rollout to optimizer step) over $window.",
                     [_q(f"histogram_quantile({q}, sum by (le) (rate({_sel('grpo_step_duration_seconds_bucket')}[$window])))",
                         f"p{int(q * 100)}") for q in (0.5, 0.95)], "s"),
-        _timeseries("Telemetry health", "Failed OTLP exports and rejected histogram values per $window "
-                    "(GRPOMetricsExportFailing pages on the first).",
+        _timeseries("Telemetry health", "Failed OTLP exports, rejected histogram values, steps the metrics queue "
+                    "dropped and Langfuse spans and scores not delivered, per $window (GRPOMetricsExportFailing and "
+                    "GRPOTracesDropped page on them).",
                     [_q(f"sum by (exporter) (increase({_sel('grpo_telemetry_export_failures_total')}[$window]))", "export failures {{exporter}}"),
-                     _q(f"sum(increase({_sel('grpo_histogram_rejected_total')}[$window])) or vector(0)", "rejected histogram values")]),
+                     _q(f"sum(increase({_sel('grpo_histogram_rejected_total')}[$window])) or vector(0)", "rejected histogram values"),
+                     _q(f"sum(increase({_sel('grpo_telemetry_dropped_steps_total')}[$window])) or vector(0)", "dropped steps"),
+                     _q(f"sum by (signal, reason) (increase({_sel('grpo_traces_dropped_total')}[$window]))",
+                        "traces dropped: {{signal}} {{reason}}")]),
+    ]
+    ranks = [
+        _timeseries("Busy time per rank", "Each training process's step time minus its wait in collectives, moving "
+                    "mean over $window: the ranks should overlap. One line far above the others is a straggler "
+                    "(GRPORankStraggler): the others wait for it every step.",
+                    [_q(f"avg_over_time({_sel('grpo_rank_step_time_seconds')}[$window]) - "
+                        f"avg_over_time({_sel('grpo_rank_collective_wait_seconds')}[$window])", "rank {{rank}}")], "s"),
+        _timeseries("Wait in collectives per rank", "Time each rank waited for the others (and the transfer) per step: "
+                    "the fastest ranks wait longest.",
+                    [_q(_sel("grpo_rank_collective_wait_seconds"), "rank {{rank}}")], "s"),
+        _timeseries("Peak memory per rank", "The CUDA allocator's peak (CPU: the process's peak resident set).",
+                    [_q(_sel("grpo_rank_peak_memory_bytes"), "rank {{rank}}")], "bytes"),
     ]
     return [("Health", overview), ("Reward and signal", reward), ("KL and loss", kl_loss), ("Entropy", entropy),
-            ("Advantages", advantages), ("Lengths", lengths), ("Distributions", distributions), ("Throughput", throughput)]
+            ("Advantages", advantages), ("Lengths", lengths), ("Distributions", distributions), ("Throughput", throughput),
+            ("Ranks", ranks)]
 
 
 def variables() -> list:

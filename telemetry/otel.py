@@ -120,7 +120,7 @@ class OTelSink:
             readers.append(PeriodicExportingMetricReader(self._exporter, export_interval_millis=self.export_interval_s * 1000))
         resource = Resource.create({"service.name": "grpo-sentinel", "service.instance.id": info.run_id,
                                     "grpo.run_id": info.run_id, "grpo.model": info.model,
-                                    "grpo.loss_type": info.loss_type})
+                                    "grpo.loss_type": info.loss_type, "grpo.world_size": info.world_size})
         views = [View(instrument_name=m.name, aggregation=ExplicitBucketHistogramAggregation(m.buckets(info.scales)))
                  for m in CATALOGUE if m.kind == "histogram"]
         self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)

@@ -28,6 +28,7 @@ class RunInfo:
     loss_type: str
     scales: Scales
     attempt: int = 1  # how many times this run has been started (a resume is the next attempt)
+    world_size: int = 1  # training processes (ranks); rank 0 reports for all
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, max_new_tokens
 
 
@@ -83,6 +84,16 @@ class Eval:
 
 
 @dataclass(frozen=True)
+class RankStats:
+    """One training process's share of a step, for seeing a straggler."""
+
+    rank: int
+    step_time: float  # s, this rank's whole step
+    wait: float  # s inside the step's explicit collectives: waiting for the slowest rank, then the transfer
+    peak_memory: float  # bytes: the CUDA allocator's peak, else the process's peak resident set
+
+
+@dataclass(frozen=True)
 class TraceRef:
     """A trace of this step's generations: which ones, why, and its (deterministic) Langfuse id."""
 
@@ -128,6 +139,7 @@ class StepStats:
     health_new: tuple[str, ...] = ()  # ... of which these began an episode at this step
     entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
     traces: tuple[TraceRef, ...] = ()  # the generations of this step sent to Langfuse (telemetry/traces.py)
+    ranks: tuple[RankStats, ...] = ()  # each training process's share (one entry per rank)
     samples: Samples | None = field(default=None, repr=False)
     # The float fields that are NaN because nothing measured them (`partial`), as opposed to a measured
     # value that overflowed: only the latter counts as non-finite (catalogue.nonfinite_signals).
@@ -145,7 +157,7 @@ class StepStats:
     @classmethod
     def scalar_fields(cls) -> list[str]:
         """The per-step scalars of the run record (the monitor's outputs and the nested parts are not)."""
-        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces",
+        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces", "ranks",
                   "unmeasured")
         return [f.name for f in fields(cls) if f.name not in nested]
 

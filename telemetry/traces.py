@@ -129,6 +129,12 @@ def credentials_from_env() -> Credentials | None:
     return Credentials(public, secret, base.rstrip("/"))
 
 
+def links_for(project_id: str | None = None) -> Links | None:
+    """Links from the environment's Langfuse base URL (no keys needed to read a record)."""
+    base = os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST")
+    return Links(base.rstrip("/"), project_id or os.environ.get("LANGFUSE_PROJECT_ID")) if base else None
+
+
 def links_from(cfg: TracesSettings, creds: Credentials | None) -> Links | None:
     if creds is None:
         return None

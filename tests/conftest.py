@@ -110,6 +110,9 @@ def prometheus_server(folder: Path):
 
     try:
         assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
+        # Its API answers seconds before its scrape loop starts (target discovery is batched every 5 s):
+        # a run that short would never be scraped. The first `up` sample (0: nothing listens yet) says it has.
+        assert wait_for(lambda: query('up{job="grpo"}'), 30, 0.1), "prometheus never scraped its target"
         yield query, target, web
     finally:
         proc.terminate()

@@ -91,7 +91,7 @@ def test_cli_rejects_a_dataset_row_without_answer(tmp_path, demo_dir):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
     p = subprocess.run(cli("train", "--out", str(tmp_path), "--set", f"model.path={demo_dir}",
-                           "--set", f"data.path={data}"), capture_output=True, text=True)
+                           "--set", f"data.path={data}", "--set", "telemetry.prometheus=false"), capture_output=True, text=True)
     assert p.returncode == 2
     assert f"{data}:2: row has no 'answer' field" in p.stderr
 

@@ -304,15 +304,18 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path
 
 # -- signals at every phase: a documented exit code, one line, a summary --------------------------
 
-def _phase(proc_lines: list[str], needle: str) -> bool:
-    return any(needle in line for line in proc_lines)
-
-
 @pytest.mark.parametrize("sig, phase", [(signal.SIGTERM, "loading"), (signal.SIGINT, "loading"),
                                         (signal.SIGTERM, "twice in the loop")])
 def test_a_signal_at_any_moment_ends_in_75_a_message_and_a_summary(tmp_path, demo_dir, sig, phase):
     proc = subprocess.Popen(cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", "--steps", "300", *FAST),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _signal_and_check(proc, tmp_path, sig, phase)
+    finally:
+        proc.kill()  # a failed check must not leave a 300-step run behind
+
+
+def _signal_and_check(proc, tmp_path, sig, phase):
     if phase == "loading":
         assert wait_for(lambda: (tmp_path / "r" / "config.yaml").exists() or proc.poll() is not None, 120, 0.001)
         proc.send_signal(sig)
@@ -336,7 +339,9 @@ def test_a_signal_at_any_moment_ends_in_75_a_message_and_a_summary(tmp_path, dem
 # -- rewards that hang ------------------------------------------------------------------------
 
 def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, demo_dir):
-    (tmp_path / "slow.py").write_text("import time\ndef f(c, a, p):\n    time.sleep(30)\n    return 1.0\n")
+    (tmp_path / "slow.py").write_text("import pathlib, time\ndef f(c, a, p):\n"
+                                      f"    pathlib.Path({str(tmp_path / 'called')!r}).touch()\n"
+                                      "    time.sleep(30)\n    return 1.0\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     p = subprocess.run(cli("train", "--out", str(tmp_path), "--set", "run.run_id=t", "--steps", "1", *FAST,
                            "--set", "rewards=[{name: 'correct'}, {name: 'slow:f'}]", "--set", "grpo.reward_timeout_s=0.2",
@@ -348,8 +353,9 @@ def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, de
     assert dict(zip(row[0].split(","), row[1].split(",")))["invalid_rewards"] == "64"
     proc = subprocess.Popen(cli("train", "--out", str(tmp_path), "--set", "run.run_id=s", "--steps", "5", *FAST,
                                 "--set", "rewards=[{name: 'slow:f'}]"), env=env, stderr=subprocess.PIPE, text=True)
-    assert wait_for(lambda: (tmp_path / "s" / "reward-vs-step.csv").exists() or proc.poll() is not None, 300, 0.01)
-    time.sleep(1)  # inside step 1, waiting on a reward that sleeps 30 s (its timeout: 60 s)
+    (tmp_path / "called").unlink()
+    # Inside step 1, waiting on a reward that sleeps 30 s (its timeout: 60 s).
+    assert wait_for(lambda: (tmp_path / "called").exists() or proc.poll() is not None, 300, 0.01)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75

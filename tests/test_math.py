@@ -61,13 +61,29 @@ def test_entropy_golden():
 
 def test_entropy_chunking_does_not_change_the_result():
     logits = torch.randn(3, 5, 11)
-    assert torch.allclose(gm.token_entropy(logits, chunk=2), gm.token_entropy(logits, chunk=1024))
+    whole = gm.token_entropy(logits)
+    for budget in (1, 33, 34, 10_000):  # one position per chunk, two, uneven, everything at once
+        assert torch.allclose(gm.token_entropy(logits, chunk_elements=budget), whole)
 
 
 def test_token_logprobs_match_log_softmax_with_temperature():
     logits, tokens = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
     expected = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(gm.token_logprobs(logits, tokens, 0.7), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", [1, 15, 10_000])
+def test_chunked_logprobs_gradient_is_autograds(budget):
+    # The gradient is recomputed chunk by chunk in backward; autograd through log_softmax is the reference.
+    # The slice [:, :-1] makes the logits non-contiguous, as the step's are.
+    full = torch.randn(3, 6, 5, dtype=torch.float64, requires_grad=True)
+    tokens, weights = torch.randint(0, 5, (3, 5)), torch.randn(3, 5, dtype=torch.float64)
+    (gm.token_logprobs(full[:, :-1], tokens, 0.7, chunk_elements=budget) * weights).sum().backward()
+    ours, full.grad = full.grad, None
+    expected = torch.log_softmax(full[:, :-1].float() / 0.7, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(ours, full.grad, rtol=1e-5, atol=1e-6)
+    assert ours[:, -1].abs().max() == 0  # the position the slice dropped gets no gradient
 
 
 def test_k3_kl_is_zero_at_equality_and_never_negative():

@@ -18,7 +18,8 @@ rewards: [{{name: correct, weight: 1.0}}, {{name: format, weight: 0.5}}]
 grpo: {{group_size: 4, prompts_per_step: 4, loss_type: dapo, mu: 2, micro_batch_size: 5}}
 run: {{steps: 4, sample_every: 2, run_id: r}}
 """)
-    p = subprocess.run(cli("train", "--config", str(cfg), "--out", str(tmp_path)), capture_output=True, text=True)
+    p = subprocess.run(cli("train", "--config", str(cfg), "--out", str(tmp_path), "--set", "telemetry.prometheus=false"),
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "r" / "steps.csv").open()))
     assert [r["step"] for r in rows] == ["1", "2", "3", "4"]

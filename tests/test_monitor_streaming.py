@@ -40,8 +40,11 @@ def test_the_exported_entropy_baseline_is_the_diagnosis_one():
     log = zoo.make(zoo.entropy_blowup, 0)
     m = monitor_for(log)
     verdicts = [m.judge(row) for row in rows(log)]
-    assert math.isnan(verdicts[0].entropy_baseline)  # not known before the early period is in
-    assert verdicts[-1].entropy_baseline == diagnose(log).entropy_baseline
+    early = 2 * m.thresholds.window
+    # While the early period fills, the exported baseline is the median so far; then it is fixed.
+    assert verdicts[0].entropy_baseline == log.series["entropy"][0]
+    assert verdicts[early - 2].entropy_baseline == np.median(log.series["entropy"][:early - 1])
+    assert {v.entropy_baseline for v in verdicts[early - 1:]} == {diagnose(log).entropy_baseline}
 
 
 @pytest.mark.parametrize("gen", [zoo.loss_blowup, zoo.format_hacking, zoo.kl_dominant, zoo.late_degradation],

@@ -8,7 +8,7 @@ import yaml
 
 from conftest import REPO, cli
 from grpo_sentinel.telemetry import dashboard
-from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from grpo_sentinel.telemetry.catalogue import CATALOGUE, DAEMON
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health.runbook import markdown as runbook_markdown
 from grpo_sentinel.telemetry.health.table import TABLE
@@ -27,7 +27,7 @@ def test_rule_unit_tests(promtool):
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
-CATALOGUE_NAMES = {n for m in CATALOGUE for n in m.prometheus_names()}
+CATALOGUE_NAMES = {n for m in CATALOGUE for n in m.prometheus_names()} | {d.name for d in DAEMON}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -157,8 +157,9 @@ def test_the_example_prometheus_config_loads_the_rules(promtool):
     assert p.returncode == 0 and f"{n} rules found" in p.stdout, p.stdout + p.stderr
 
 
-def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
-    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://grafana.example.com/"])
+def test_alerts_link_the_runs_dashboard_and_generations_when_grafana_and_langfuse_are_set(tmp_path, promtool):
+    params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://grafana.example.com/",
+                                                          "langfuse=https://langfuse.example.com/project/p1"])
     (tmp_path / "rules.yml").write_text(rulegen.render(params))
     drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
     case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
@@ -169,20 +170,26 @@ def test_alerts_link_the_runs_dashboard_when_grafana_is_set(tmp_path, promtool):
                            "run_id": "run 7"},
             "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
                                    for k, v in drift["annotations"].items()},
-                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7"},
+                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7",
+                                # the run's Langfuse session: the trace exporter's session id is the run id
+                                "generations_url": "https://langfuse.example.com/project/p1/sessions/run+7"},
         }]}],
     }]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     p = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "dashboard_url" not in RULES.read_text()  # the default rendering has no Grafana to link
+    assert "generations_url" not in RULES.read_text()  # nor a Langfuse
 
 
 def test_group_by_is_one_setting_used_by_every_rule(tmp_path, promtool):
     """kubernetes-mixin style: the labels every rule aggregates by are RuleParams.group_by (default
     job, instance, run_id), settable with `rules --set group_by=...`; no rule hard-codes them."""
     default = rulegen.render()
-    assert "by (job, instance)" not in default and default.count("by (job, instance, run_id)") > 40
+    # Only the daemon's own series (one per pod, no run) aggregate without run_id: group_by minus run_id.
+    exprs = [r["expr"] for g in yaml.safe_load(default)["groups"] for r in g["rules"]]
+    assert all(any(d.name in e for d in DAEMON) for e in exprs if "by (job, instance)" in e)
+    assert default.count("by (job, instance, run_id)") > 40
     p = subprocess.run(cli("rules", "--set", "group_by=cluster,job,run_id"), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "by (cluster, job, run_id)" in p.stdout and "instance)" not in p.stdout.replace("by (cluster, job, run_id)", "")

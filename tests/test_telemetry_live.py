@@ -33,8 +33,9 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
                            "--set", "telemetry.linger_s=2"), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = csv_rows(tmp_path / "r")
-    # Every column of the record carries something on a healthy run, but the two that say what went wrong.
-    assert {k for k in rows[0] if all(r[k] == "" for r in rows)} <= {"skipped", "health"}
+    # Every column of the record carries something on a healthy run, but the two that say what went wrong
+    # and the trace links (no Langfuse here).
+    assert {k for k in rows[0] if all(r[k] == "" for r in rows)} <= {"skipped", "health", "trace_ids", "eval_trace_id"}
 
     def last(expr: str) -> float:
         result = query(f"sum(last_over_time({expr}[5m]))")
@@ -70,7 +71,7 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     board = dashboard.build()
     run_var = next(v for v in board["templating"]["list"] if v["name"] == "run")["query"]
     assert run_var == 'label_values(grpo_step{job=~"$job"}, run_id)'  # its values: the run_id label, "r" above
-    assert query('count by (run_id) (grpo_step{job="grpo"})')[0]["metric"]["run_id"] == "r"
+    assert query('count by (run_id) (last_over_time(grpo_step{job="grpo"}[5m]))')[0]["metric"]["run_id"] == "r"
     grafana = {"$job": "grpo", "$run": "r", "$window": "2s", "$__rate_interval": "1s", "$__range": "1m"}
     empty = []
     for title, expr in dashboard.queries(board):

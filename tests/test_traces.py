@@ -175,6 +175,10 @@ def test_a_training_run_sends_every_held_out_round_and_sampled_groups_linked_fro
     assert [r["step"] for r in curve] == ["0", "5", "10"]
     assert all(r["eval_trace_id"] in traces for r in curve)
     assert curve[1]["eval_trace_url"] == f"{langfuse.url}/project/proj/traces/{curve[1]['eval_trace_id']}"
+    # diagnose reads them back: each step's first trace, for the conditions' links.
+    from grpo_sentinel.telemetry.health.ingest import load
+
+    assert load(tmp_path / "r").traces == {int(r["step"]): r["trace_ids"].split()[0] for r in record if r["trace_ids"]}
     # Every generation is scored; the scores point at the generations the server received.
     generations = {sp["span_id"] for spans in traces.values() for sp in spans
                    if sp["attributes"]["langfuse.observation.type"] == "generation"}
@@ -260,3 +264,24 @@ def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir
     assert [r["step"] for r in record] == [str(s) for s in range(1, 17)]
     resumed = {t for r in record if int(r["step"]) > 5 for t in r["trace_ids"].split()}
     assert resumed and not resumed & first_attempt
+
+
+def test_diagnose_links_each_condition_to_the_generations_behind_it(monkeypatch):
+    from grpo_sentinel.telemetry.health.detectors import Condition, Diagnosis, Thresholds
+    from grpo_sentinel.telemetry.health.ingest import RunLog
+    from grpo_sentinel.telemetry.health.report import to_text, with_generations
+
+    log = RunLog({"step": np.arange(1.0, 13)}, "r/steps.csv", "sentinel", traces={5: "ab" * 16, 9: "cd" * 16},
+                 trace_project="p1")
+
+    def linked() -> list[str]:
+        diag = Diagnosis([Condition("signal_vanished", "warning", 4, 8, "e", "c", "a"),
+                          Condition("kl_runaway", "critical", 10, 12, "e", "c", "a")])
+        return [c.generations for c in with_generations(diag, log).conditions], to_text(diag, log, Thresholds(window=2))
+
+    monkeypatch.setenv("LANGFUSE_BASE_URL", "https://langfuse.example.com/")
+    (first, second), text = linked()
+    assert first == "https://langfuse.example.com/project/p1/traces/" + "ab" * 16  # the first trace in steps 4-8
+    assert second == "" and f"generations: {first}" in text  # nothing was traced in steps 10-12
+    monkeypatch.delenv("LANGFUSE_BASE_URL")
+    assert linked()[0][0] == f"trace {'ab' * 16} (step 5)"  # without a Langfuse URL: the id and the step

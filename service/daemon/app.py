@@ -105,13 +105,16 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/runs", status_code=201, dependencies=[Depends(authorised)], tags=["runs"],
-              responses={409: {"description": "the run id is taken"}, 422: {"description": "invalid config"}})
+              responses={409: {"description": "the run id is taken"}, 422: {"description": "invalid config"},
+                         507: {"description": "the state directory is full or read-only"}})
     def submit(cfg: Config) -> Submitted:
         """Queue a run. The body is the same config as `grpo-sentinel train` takes, as JSON (`{}` is the demo)."""
         try:
             return Submitted(id=supervisor.submit(cfg), status="queued")
         except RunDirError as e:
             raise HTTPException(409, str(e)) from None
+        except OSError as e:  # a full or read-only state volume: nothing was queued
+            raise HTTPException(507, f"cannot write the run into the state directory: {e.strerror or e}") from None
 
     @app.get("/v1/runs", dependencies=[Depends(authorised)], tags=["runs"])
     def runs() -> list[RunBrief]:
@@ -166,14 +169,14 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         """The `grpo-sentinel diagnose` markdown report of the run so far."""
         from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
         from grpo_sentinel.telemetry.health.ingest import load
-        from grpo_sentinel.telemetry.health.report import to_markdown
+        from grpo_sentinel.telemetry.health.report import to_markdown, with_generations
 
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():
             raise HTTPException(404, f"run {run_id!r} has not recorded a step yet")
         runlog = load(path)
         th = Thresholds(window=runlog.window or auto_window(runlog.completions_per_step))
-        return Response(to_markdown(diagnose(runlog, th), runlog, th), media_type="text/markdown")
+        return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
     return app
 

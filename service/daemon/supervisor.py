@@ -36,6 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from grpo_sentinel.service.config import Config
 from grpo_sentinel.service.runs import RunDir, RunDirError
+from grpo_sentinel.telemetry.catalogue import DAEMON
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,18 @@ def _die_with(parent: int):
         if os.getppid() != parent:  # the daemon died before prctl took effect
             os._exit(1)
     return preexec
+
+
+def _help(name: str) -> str:
+    return next(d.description for d in DAEMON if d.name == name)
+
+
+def ranks(nproc_per_node: int | str) -> int:
+    if nproc_per_node != "auto":
+        return nproc_per_node
+    import torch
+
+    return max(1, torch.cuda.device_count())
 
 
 def _now() -> str:
@@ -77,8 +90,7 @@ class Supervisor:
         self._worker: threading.Thread | None = None
         self.registry = CollectorRegistry()
         self.registry.register(_RunsByStatus(self))
-        self._finished = Counter("grpo_runs_finished", "Runs that ended, by how (failed: an error; see the run).",
-                                 ["status"], registry=self.registry)
+        self._finished = Counter("grpo_runs_finished", _help("grpo_runs_finished_total"), ["status"], registry=self.registry)
         for s in FINISHED:
             self._finished.labels(s)
 
@@ -194,25 +206,34 @@ class Supervisor:
         # A training process killed with the previous daemon may take a moment to die and let go of the run.
         if not RunDir(run_dir).wait_unlocked(timeout=30):
             raise RunDirError(f"run {run_id} is held by {RunDir(run_dir).holder()}")
-        cmd = [sys.executable, "-m", "grpo_sentinel.service.cli", "train", "--resume", str(run_dir)]
+        run = RunDir(run_dir)
+        attempts = run.read_summary().get("attempt", 0)
+        cmd = ["-m", "grpo_sentinel.service.cli", "train", "--resume", str(run_dir)]
+        n = ranks(run.read_config().distributed.nproc_per_node)
+        if n > 1:  # torch's own elastic launcher starts and watches the ranks; it forwards our SIGTERM
+            cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *cmd]
+        cmd = [sys.executable, *cmd]
         with (run_dir / "train.log").open("ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(os.getpid()),
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         with self._lock:
             self.child = Child(run_id, proc)
-        log.info("run %s: training (pid %d, log %s)", run_id, proc.pid, run_dir / "train.log")
+        log.info("run %s: training on %d rank(s) (pid %d, log %s)", run_id, n, proc.pid, run_dir / "train.log")
         rc = proc.wait()
         with self._lock:
             child, self.child = self.child, None
             closing = self._closing
-        self._settle(run_id, rc, child.stop_requested, closing)
+        self._settle(run_id, rc, child.stop_requested, closing, attempts)
 
-    def _settle(self, run_id: str, rc: int, stop_requested: bool, closing: bool) -> None:
-        """What the training process's exit means for the run."""
+    def _settle(self, run_id: str, rc: int, stop_requested: bool, closing: bool, attempts: int) -> None:
+        """What the training process's exit means for the run. The run's own summary says how it ended
+        when this start got that far (its attempt count moved); under torch's launcher the exit code is
+        only 0 or 1 whatever the ranks returned, so the summary is read first."""
         run = RunDir(self.runs_dir / run_id)
         summary = run.read_summary()
-        status = summary.get("status", "running")
-        if rc == 75 or (closing and rc < 0):  # checkpointed at a signal (or killed at the end of the grace)
+        ran = summary.get("attempt", 0) > attempts
+        status = summary.get("status", "running") if ran else "running"
+        if status == "preempted" or rc == 75 or (closing and rc < 0):  # a signal's checkpoint, or the grace ran out
             if stop_requested:
                 status = "stopped"
                 run.update_summary(status="stopped", reason="stopped through the API")
@@ -223,10 +244,9 @@ class Supervisor:
                 with self._lock:
                     self._pending.insert(0, run_id)
                 return
-        elif rc not in (0, 3) or status in ("running", "queued"):
-            reason = summary.get("reason") if status == "failed" else None
+        elif status not in ("completed", "stopped_early", "halted", "failed"):  # it never got to say
             status = "failed"
-            run.update_summary(status="failed", reason=reason or self._why(run_id, rc))
+            run.update_summary(status="failed", reason=self._why(run_id, rc))
         self._finished.labels(status).inc()
         log.log(logging.ERROR if status == "failed" else logging.INFO, "run %s: %s%s", run_id, status,
                 f" ({run.read_summary().get('reason')})" if status == "failed" else "")
@@ -289,7 +309,7 @@ class _RunsByStatus:
         for r in self.supervisor.run_ids():
             s = self.supervisor.status(r)
             counts[s if s in counts else "failed"] += 1
-        g = GaugeMetricFamily("grpo_runs", "Runs known to the daemon, by status.", labels=["status"])
+        g = GaugeMetricFamily("grpo_runs", _help("grpo_runs"), labels=["status"])
         for s, n in counts.items():
             g.add_metric([s], n)
         yield g

@@ -26,27 +26,65 @@ def group_advantages(rewards: torch.Tensor, valid: torch.Tensor, scale: bool = T
     return adv * valid
 
 
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+CHUNK_ELEMENTS = 1 << 21  # float32 temporaries per chunk (8 MiB): a small part of a large-vocabulary logits tensor
+
+
+def _time_chunks(logits: torch.Tensor, budget: int) -> list[slice]:
+    """Slices of the T axis of logits [B, T, V] holding ~budget elements each (at least one position).
+    Chunks along T are views even of a non-contiguous logits[:, :-1]; a small vocabulary is one chunk."""
+    B, T, V = logits.shape
+    step = max(1, budget // max(1, B * V))
+    return [slice(t, t + step) for t in range(0, T, step)]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                   chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """log p(token) under softmax(logits / temperature), in float32. logits [B, T, V], tokens [B, T] -> [B, T].
 
-    gather - logsumexp instead of log_softmax: no second [B, T, V] tensor for the log-probs.
+    Differentiable, and chunked both ways: the forward keeps only the per-position logsumexp, the backward
+    recomputes the softmax chunk by chunk, so beyond the logits (and, in the backward, their gradient) no
+    [B, T, V] tensor is ever held: with V = 150k the float32 z = logits / T alone would be 2x bf16 logits.
     """
-    z = logits.float() / temperature
-    return z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    return _TokenLogProbs.apply(logits, tokens, temperature, chunk_elements)
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, tokens, temperature, chunk_elements):
+        out = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)  # [B, T]
+        lse = torch.empty_like(out)
+        for s in _time_chunks(logits, chunk_elements):
+            z = logits[:, s].float() / temperature  # [B, t, V]
+            lse[:, s] = torch.logsumexp(z, dim=-1)
+            out[:, s] = z.gather(-1, tokens[:, s].unsqueeze(-1)).squeeze(-1) - lse[:, s]
+        ctx.save_for_backward(logits, tokens, lse)
+        ctx.temperature, ctx.chunk_elements = temperature, chunk_elements
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):  # grad [B, T]; d logp / d logits = (onehot(token) - softmax(z)) / temperature
+        logits, tokens, lse = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for s in _time_chunks(logits, ctx.chunk_elements):
+            g = grad[:, s].unsqueeze(-1)  # [B, t, 1]
+            p = (logits[:, s].float() / ctx.temperature - lse[:, s].unsqueeze(-1)).exp_()  # softmax, [B, t, V]
+            p.mul_(-g).scatter_add_(-1, tokens[:, s].unsqueeze(-1), g)
+            out[:, s] = p.div_(ctx.temperature)
+        return out, None, None, None
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """H = -sum_v p log p of the un-tempered float32 distribution. [B, T, V] -> [B, T].
 
-    Row chunks bound the float32 temporaries to chunk x V, however long the batch.
+    Chunks along T bound the float32 temporaries to ~chunk_elements, however long the batch.
     """
-    flat = logits.reshape(-1, logits.shape[-1])
-    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
-    for i in range(0, flat.shape[0], chunk):
-        logp = torch.log_softmax(flat[i : i + chunk].float(), dim=-1)
-        out[i : i + chunk] = -(logp.exp() * logp).sum(-1)
-    return out.reshape(logits.shape[:-1])
+    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    for s in _time_chunks(logits, chunk_elements):
+        logp = torch.log_softmax(logits[:, s].float(), dim=-1)
+        out[:, s] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -69,19 +107,22 @@ def clipped_surrogate(
     return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
-def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> torch.Tensor:
+def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int, n_seq: int | None = None,
+                  n_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Weights w [B, T] such that the batch loss is sum(w * per_token_loss).
 
     grpo:    mean over each sequence's tokens, then over sequences (short answers weigh more per token)
     dapo:    mean over all tokens of the batch (every token weighs the same)
     dr_grpo: sum / (B * max_new_tokens): a constant normaliser, no length bias at all
-    Computing the normaliser once over the whole batch keeps micro-batches (and ranks) exact.
+    Computing the normaliser once over the whole batch keeps micro-batches exact; across ranks, pass
+    the whole batch's sequence count `n_seq` and (dapo) token count `n_tokens`, and each rank's share
+    sums to the one-process loss.
     """
-    n_seq = mask.shape[0]
+    n_seq = mask.shape[0] if n_seq is None else n_seq
     if loss_type == "grpo":
         return mask / mask.sum(1, keepdim=True).clamp(min=1) / n_seq
     if loss_type == "dapo":
-        return mask / mask.sum().clamp(min=1)
+        return mask / (mask.sum() if n_tokens is None else n_tokens).clamp(min=1)
     if loss_type == "dr_grpo":
         return mask / (n_seq * max_new_tokens)
     raise ValueError(f"unknown loss_type {loss_type!r}")

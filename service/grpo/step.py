@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import resource
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,10 +13,12 @@ import torch
 
 from grpo_sentinel.service.config import GRPOSettings
 from grpo_sentinel.service.data import Example
+from grpo_sentinel.service.distributed import SINGLE, Dist
+from grpo_sentinel.service.grpo import lora
 from grpo_sentinel.service.grpo import math as gm
-from grpo_sentinel.service.grpo.rollout import Rollout, position_ids, sample
+from grpo_sentinel.service.grpo.rollout import Rollout, completion_logits, sample
 from grpo_sentinel.service.rewards import RewardScorer, Scores
-from grpo_sentinel.telemetry.schema import Samples, StepStats
+from grpo_sentinel.telemetry.schema import RankStats, Samples, StepStats
 
 
 @dataclass
@@ -31,8 +35,26 @@ class Policy:
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
 
-def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg: GRPOSettings, step: int) -> StepStats:
+
+@dataclass(frozen=True)
+class Part:
+    """One rank's share of a step, host-side, gathered to rank 0 (B = this rank's sequences)."""
+
+    scores: Scores
+    per_seq: np.ndarray  # [5, B]: advantage, length, truncated, KL sum, entropy sum
+    texts: dict  # prompts, answers [P]; completions [B]; prompt_tokens [P]
+    clipped: tuple[float, float]  # (clipped loss tokens, loss tokens)
+    rank: RankStats
+
+
+def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg: GRPOSettings, step: int,
+              dist: Dist = SINGLE) -> StepStats | None:
+    """One GRPO step on this rank's prompts (every prompt's whole group). Rank 0 returns the step's
+    statistics over every rank's samples; the other ranks, None."""
     t0 = time.perf_counter()
     model, G = policy.model, cfg.group_size
     prompts = [e.prompt for e in examples for _ in range(G)]
@@ -49,10 +71,13 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
     valid = torch.as_tensor(scores.valid, device=dev).float()  # [B]
     rewards = torch.as_tensor(scores.reward, device=dev, dtype=torch.float32)  # [B], NaN where invalid
 
-    # 3. Advantages within each group. Excluded samples get 0 and no loss weight.
+    # 3. Advantages within each group (a group never spans ranks). Excluded samples get 0 and no loss weight.
     adv = gm.group_advantages(rewards.view(-1, G), valid.view(-1, G), scale=cfg.scale_rewards == "group").view(-1)
     mask = roll.completion_mask * valid.unsqueeze(1)  # [B, T] tokens that carry loss
-    weights = gm.token_weights(mask, cfg.loss_type, cfg.max_new_tokens)  # [B, T]
+    # The loss normalisers span the whole batch, every rank's: N ranks compute the loss and gradient
+    # of one process over the same samples.
+    weights = gm.token_weights(mask, cfg.loss_type, cfg.max_new_tokens, n_seq=len(prompts) * dist.world,
+                               n_tokens=dist.sum(mask.sum()))  # [B, T]
 
     # 4. Reference log-probs: the same weights with the adapter switched off (beta = 0: not needed).
     chunks = [slice(i, i + cfg.micro_batch_size) for i in range(0, len(prompts), cfg.micro_batch_size)]
@@ -65,7 +90,7 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
     ent_tok = torch.zeros_like(mask)
     clipped_tok = torch.zeros_like(mask)
     losses = []
-    skipped = "" if valid.any() else "no_scored_samples"
+    skipped = "" if dist.any(bool(valid.any()), dev) else "no_scored_samples"  # every rank runs the same passes
     for it in range(cfg.mu if not skipped else 0):
         policy.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=dev)
@@ -84,10 +109,15 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
             chunk_loss.backward()
             loss += chunk_loss.detach()
             clipped_tok[c] = torch.maximum(clipped_tok[c], clipped)
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable, policy.max_grad_norm)
+        # The weights normalise by the whole batch, so each rank's gradient is its share of the sum: one
+        # all-reduce per update (none on inner micro-batches) makes it the whole batch's on every rank.
+        dist.sum_grads(policy.trainable)
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable, policy.max_grad_norm)  # the same on every rank
+        loss = dist.sum(loss)  # the whole batch's loss
         losses.append(loss)
-        # The guard: a non-finite loss or gradient never reaches the weights (or Adam's moments).
-        if not torch.isfinite(loss + grad_norm).item():
+        # The guard, decided on every rank together: a non-finite loss or gradient anywhere never
+        # reaches the weights (or Adam's moments), and the adapter stays identical on every rank.
+        if dist.any(not torch.isfinite(loss + grad_norm).item(), dev):
             policy.optimizer.zero_grad(set_to_none=True)
             skipped = "nonfinite"
             break
@@ -95,43 +125,66 @@ def grpo_step(policy: Policy, scorer: RewardScorer, examples: list[Example], cfg
     lr = policy.scheduler.get_last_lr()[0]
     policy.scheduler.step()
 
-    # 6. Statistics: one device -> host transfer, then plain numpy.
+    # 6. Statistics: one device -> host transfer, then plain numpy; every rank's share gathered to rank 0,
+    # which computes them over the whole batch (never a mean of per-rank means).
     per_seq = torch.stack([adv, roll.lengths, roll.truncated.float(), (kl_tok * roll.completion_mask).sum(1),
                            (ent_tok * roll.completion_mask).sum(1)]).cpu().numpy()
     host_loss = torch.stack(losses).mean().item() if losses else math.nan
     host_grad = grad_norm.item() if losses else math.nan
-    clip_frac = ((clipped_tok * mask).sum() / mask.sum().clamp(min=1)).item()
     # The texts behind the numbers, for traces: prompts and answers per group, completions per sample.
     prompt_len = roll.input_ids.shape[1] - roll.completion_ids.shape[1]
     texts = dict(prompts=tuple(e.prompt for e in examples), answers=tuple(e.answer for e in examples),
                  completions=tuple(roll.texts), prompt_tokens=roll.attention_mask[::G, :prompt_len].sum(1).cpu().numpy())
-    return _stats(step, scores, per_seq, G, cfg, policy.model, host_loss, host_grad, clip_frac, lr,
-                  time.perf_counter() - t0, skipped, texts)
+    clipped = (float((clipped_tok * mask).sum()), float(mask.sum()))
+    own = RankStats(dist.rank, time.perf_counter() - t0, dist.take_wait(), peak_memory(dev))
+    parts = dist.gather(Part(scores, per_seq, texts, clipped, own))
+    if parts is None:
+        return None
+    whole = merge(parts)
+    return _stats(step, whole.scores, whole.per_seq, G, cfg, policy.model, host_loss, host_grad,
+                  whole.clipped[0] / max(whole.clipped[1], 1.0), lr, time.perf_counter() - t0, skipped, whole.texts,
+                  tuple(p.rank for p in parts))
+
+
+def merge(parts: list[Part]) -> Part:
+    """The ranks' shares, in rank order: the whole batch as one process would have held it."""
+    s = [p.scores for p in parts]
+    scores = Scores(reward=np.concatenate([x.reward for x in s]),
+                    components={k: np.concatenate([x.components[k] for x in s]) for k in s[0].components},
+                    correct=np.concatenate([x.correct for x in s]), valid=np.concatenate([x.valid for x in s]),
+                    invalid=sum((x.invalid for x in s), Counter()))
+    t = [p.texts for p in parts]
+    texts = {k: sum((x[k] for x in t), ()) for k in ("prompts", "answers", "completions")}
+    texts["prompt_tokens"] = np.concatenate([x["prompt_tokens"] for x in t])
+    return Part(scores, np.concatenate([p.per_seq for p in parts], axis=1), texts,
+                (sum(p.clipped[0] for p in parts), sum(p.clipped[1] for p in parts)), parts[0].rank)
+
+
+def peak_memory(device: torch.device) -> float:
+    """Bytes: the CUDA allocator's peak, else this process's peak resident set."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux reports KiB
 
 
 @torch.no_grad()
 def _reference_logprobs(model, roll: Rollout, chunks: list[slice], temperature: float) -> torch.Tensor:
-    """[B, T] log-probs under the base model. One adapter switch per step: peft's disable_adapter()
-    context costs ~12 ms a call here (it inspects the model), the layer toggle ~3 ms."""
-    model.base_model.disable_adapter_layers()
-    try:
+    """[B, T] log-probs under the base model: the LoRA layers swapped for their base layers, which is
+    cheaper than toggling peft's adapter state (~3 ms a step here; its disable_adapter() context ~12 ms)."""
+    with lora.off(model):
         return torch.cat([gm.token_logprobs(_completion_logits(model, roll, c), roll.completion_ids[c], temperature)
                           for c in chunks])
-    finally:
-        model.base_model.enable_adapter_layers()
 
 
 def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
-    """Logits that predict each completion token: [b, T, V]. logits_to_keep skips the prompt's lm_head."""
-    T = roll.completion_ids.shape[1]
-    am = roll.attention_mask[c]
-    out = model(input_ids=roll.input_ids[c], attention_mask=am, position_ids=position_ids(am), logits_to_keep=T + 1,
-                use_cache=False)
-    return out.logits[:, :-1]
+    """Logits that predict each completion token: [b, T, V], each group's prompt computed once (rollout.py)."""
+    with lora.fused(model):  # one autograd node per LoRA projection instead of peft's five (see lora.py)
+        return completion_logits(model, roll, c)
 
 
 def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
-           grad_norm: float, clip_frac: float, lr: float, seconds: float, skipped: str, texts: dict) -> StepStats:
+           grad_norm: float, clip_frac: float, lr: float, seconds: float, skipped: str, texts: dict,
+           ranks: tuple[RankStats, ...] = ()) -> StepStats:
     adv, length, truncated, kl_sum, ent_sum = per_seq
     valid, correct, reward = scores.valid, scores.correct, scores.reward
     # Groups: zero std = no learning signal (fewer than 2 valid samples carries none either).
@@ -168,6 +221,7 @@ def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSett
         skipped=skipped,
         reward_components={k: float(np.nanmean(v)) if not np.isnan(v).all() else math.nan
                            for k, v in scores.components.items()},
+        ranks=ranks,
         samples=Samples(reward=reward, components=scores.components, advantage=adv, correct=correct, length=length,
                         truncated=truncated.astype(bool), kl=kl_sum / np.maximum(length, 1),
                         entropy=ent_sum / np.maximum(length, 1), group_reward_std=group_std, **texts),

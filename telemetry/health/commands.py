@@ -62,7 +62,7 @@ def diagnose_command(args) -> int:
 
     from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
     from grpo_sentinel.telemetry.health.ingest import IngestError, load
-    from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text
+    from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text, with_generations
 
     try:
         log = load(args.path, args.format)
@@ -77,7 +77,7 @@ def diagnose_command(args) -> int:
     log.eval_n = args.eval_n or log.eval_n
     window = args.window or log.window or auto_window(log.completions_per_step)
     th = Thresholds(window=window)
-    result = diagnose(log, th)
+    result = with_generations(diagnose(log, th), log)
     if args.plot:
         try:
             plot(result, log, th, args.plot)

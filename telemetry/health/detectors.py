@@ -30,7 +30,7 @@ import numpy as np
 
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
-from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, windowed_sd
+from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Thresholds:
     entropy_drift: float = 0.25  # entropy rise above its early baseline worth a warning, as a fraction of it
     length_drift: float = 0.5  # mean length rising this fraction of the way from its early level to the cap
     correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
+    correctness_lookback: int = 10  # 2w-windows the training correctness peak is taken over (an all-time max drifts up)
     all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
     kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
     kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
@@ -85,7 +86,8 @@ _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "ent
              "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share")
 _ABOVE_ONE = ("loss_rolling_factor", "loss_baseline_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl")
-_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2}
+_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
+           "correctness_lookback": 1}
 
 
 def threshold_error(name: str, value: float) -> str | None:
@@ -137,6 +139,7 @@ class Condition:
     evidence: str
     cause: str
     action: str
+    generations: str = ""  # the Langfuse trace (link, or id) of the generations behind it, when the run was traced
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -169,12 +172,6 @@ def _shift(x: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def _slope(x: np.ndarray, w: int) -> np.ndarray:
-    """Trailing change per step of the moving average: (MA[i] - MA[i-w]) / w."""
-    ma = moving_average(x, w)
-    return (ma - _shift(ma, w)) / w
-
-
 class _Ctx:
     """What a detector reads: the rows (the whole log, or the monitor's tail), which of them to judge
     (`start` on), where they sit in the run (`offset`: the absolute index of row 0) and the state
@@ -189,10 +186,29 @@ class _Ctx:
         self.row = offset + np.arange(self.n)  # absolute row index in the run
         self.E = early_steps(th)
         self.diag = Diagnosis()
-        self._ma: dict[tuple[str, int], np.ndarray] = {}
+        self._ma: dict[tuple, np.ndarray] = {}
+        self._has: dict[str, bool] = {}
+
+    def has(self, name: str) -> bool:
+        """RunLog.has, once per series (every detector asks)."""
+        if name not in self._has:
+            self._has[name] = self.log.has(name)
+        return self._has[name]
+
+    def slope(self, name: str) -> np.ndarray:
+        """Trailing change per step of the w moving mean, (MA[i] - MA[i-w]) / w (from the cached mean)."""
+        ma = self.ma(name)
+        return (ma - _shift(ma, self.w)) / self.w
+
+    def sd(self, name: str, w: int) -> np.ndarray:
+        """Trailing windowed sd of a series, once per series and window."""
+        key = (name, w, "sd")
+        if key not in self._ma:
+            self._ma[key] = windowed_sd(self.s[name], w)
+        return self._ma[key]
 
     def need(self, cid: str, *signals: str) -> bool:
-        missing = [s for s in signals if not self.log.has(s)]
+        missing = [s for s in signals if not self.has(s)]
         if missing:
             self.diag.not_assessable[cid] = f"the log has no {', '.join(missing)}"
         return not missing
@@ -225,15 +241,15 @@ class _Ctx:
             self.state[key] = float(out[-1])
         return out
 
-    def running_max(self, key: str, x: np.ndarray) -> np.ndarray:
-        """Running max of x over the judged rows (NaN ignored), continuing from the carried value."""
+    def trailing_max(self, key: str, x: np.ndarray, m: int) -> np.ndarray:
+        """Max of x over the trailing m rows (NaN ignored) at the judged rows; the last m - 1 values
+        before `start` are carried (a bounded state: m is a few windows, not the run)."""
         out = np.full(self.n, np.nan)
         if self.start < self.n:
-            prior = self.state.get(key, -np.inf)
-            out[self.start:] = np.maximum.accumulate(np.concatenate([[prior], np.where(np.isfinite(x[self.start:]),
-                                                                                         x[self.start:], -np.inf)]))[1:]
-            self.state[key] = float(out[-1])
-            out[~np.isfinite(out)] = np.nan
+            prior = self.state.get(key, np.zeros(0))
+            seg = np.concatenate([prior, x[self.start:]])
+            out[self.start:] = trailing_max(seg, m)[len(prior):]
+            self.state[key] = seg[len(seg) - (m - 1):] if m > 1 else np.zeros(0)
         return out
 
     def fire(self, cid: str, mask: np.ndarray, evidence, severity: str | None = None, gap: int = 0) -> None:
@@ -292,9 +308,9 @@ def nonfinite(c: _Ctx) -> None:
 def _correctness(c: _Ctx) -> tuple[str, float] | None:
     """The series correctness is judged on, and its maximum: the verifier's acceptance (train_acc) or
     a correctness reward component; the combined reward only when it is the correctness (its maximum known)."""
-    if c.log.has("train_acc"):
+    if c.has("train_acc"):
         return "train_acc", 1.0
-    if c.log.has("reward") and c.log.reward_scale_known and not c.log.has("reward_aux"):
+    if c.has("reward") and c.log.reward_scale_known and not c.has("reward_aux"):
         return "reward", c.log.max_reward
     return None
 
@@ -304,7 +320,7 @@ def reward_saturated(c: _Ctx) -> None:
     if judged is None:
         c.diag.not_assessable["reward_saturated"] = (
             "the log has no correctness signal (train_acc or a correctness reward component), and its combined "
-            "reward includes auxiliary components or exceeds 1" if c.log.has("reward") else "the log has no reward")
+            "reward includes auxiliary components or exceeds 1" if c.has("reward") else "the log has no reward")
         return
     name, scale = judged
     ma = c.ma(name) / scale
@@ -319,7 +335,7 @@ def signal_vanished(c: _Ctx) -> None:
 
     def evidence(i, j):
         text = f"up to {100 * np.nanmax(ma[i:j + 1]):.0f} % of groups without signal over {c.w}-step windows"
-        if c.log.has("frac_zero_std_correct"):
+        if c.has("frac_zero_std_correct"):
             k = i + int(np.nanargmax(ma[i:j + 1]))
             corr, wrong = c.ma("frac_zero_std_correct")[k], c.ma("frac_zero_std_wrong")[k]
             text += f" (all-correct {100 * corr:.0f} %, all-wrong {100 * wrong:.0f} %)"
@@ -395,7 +411,7 @@ def _eval_table(c: _Ctx) -> dict[str, np.ndarray]:
     acc = c.s["sample_acc"]
     rows = np.flatnonzero(np.isfinite(acc) & (np.arange(c.n) >= c.start))
     r_ma = c.ma("reward", 2 * c.w)
-    r_noise = windowed_sd(c.s["reward"], 2 * c.w) / math.sqrt(2 * c.w)
+    r_noise = c.sd("reward", 2 * c.w) / math.sqrt(2 * c.w)
     new = {"step": c.steps[rows], "acc": acc[rows], "r_ma": r_ma[rows], "r_noise": r_noise[rows], "row": rows.astype(float)}
     old = c.state.get("evals")
     if old is None:
@@ -452,11 +468,11 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
     correctness_drop): hacking shows on them before the held-out evaluation sees it."""
     have = c.need("late_degradation", "sample_acc", "reward") & c.need("reward_hacking", "sample_acc", "reward")
     if not have:
-        if c.log.has("reward") and c.log.has("train_acc") and c.log.has("reward_aux"):
+        if c.has("train_acc") and c.has("reward_aux"):
             c.diag.not_assessable.pop("reward_hacking", None)  # still judged on the training samples
         return
     ev = _eval_table(c)
-    r_noise = windowed_sd(c.s["reward"], 2 * c.w) / math.sqrt(2 * c.w)
+    r_noise = c.sd("reward", 2 * c.w) / math.sqrt(2 * c.w)
     r_ma = c.ma("reward", 2 * c.w)
     for cid in ("late_degradation", "reward_hacking"):
         mask = np.zeros(c.n, dtype=bool)
@@ -492,7 +508,7 @@ def entropy(c: _Ctx) -> None:
         return
     baseline, noise = early
     c.diag.entropy_baseline = baseline
-    ma, e_slope, r_slope = c.ma("entropy"), _slope(e, w), _slope(c.s["reward"], w)
+    ma, e_slope, r_slope = c.ma("entropy"), c.slope("entropy"), c.slope("reward")
     full = c.full(2 * w)
     flat = np.abs(r_slope * w) < c.th.reward_drop * c.log.max_reward
     c.fire("entropy_collapse", full & (ma < c.th.entropy_collapse * baseline) & (e_slope <= 0) & flat,
@@ -505,7 +521,7 @@ def entropy(c: _Ctx) -> None:
     ceiling = f" of ln V = {c.log.ln_vocab:.2f}" if c.log.ln_vocab else ""
     c.fire("entropy_blowup", full & (near_uniform | rising_while_falling),
            lambda i, j: f"entropy {np.nanmax(ma[i:j + 1]):.3g}{ceiling} vs an early baseline of {baseline:.3g}", gap=w)
-    signal = c.ma("frac_zero_std") < c.th.exploration_signal if c.log.has("frac_zero_std") else np.ones(c.n, dtype=bool)
+    signal = c.ma("frac_zero_std") < c.th.exploration_signal if c.has("frac_zero_std") else np.ones(c.n, dtype=bool)
     c.fire("exploration", full & (e_slope > 0) & (r_slope > 0) & (ma > c.th.exploration_rise * baseline) & signal,
            lambda i, j: f"entropy rising to {np.nanmax(ma[i:j + 1]):.3g} while reward rises: healthy exploration", gap=w)
     # entropy_drift: a CUSUM of the entropy's excess over its baseline, in units of its early
@@ -524,11 +540,11 @@ def entropy(c: _Ctx) -> None:
 def _reward_rising(c: _Ctx) -> np.ndarray:
     """The reward's 2w moving mean above its value 2w steps earlier by more than twice the noise of
     that difference (each mean has SE sd / sqrt(2w))."""
-    if not c.log.has("reward"):
+    if not c.has("reward"):
         return np.zeros(c.n, dtype=bool)
     w2 = 2 * c.w
     ma = c.ma("reward", w2)
-    se = windowed_sd(c.s["reward"], w2) / math.sqrt(w2)
+    se = c.sd("reward", w2) / math.sqrt(w2)
     return ma - _shift(ma, w2) > 2 * math.sqrt(2) * se
 
 
@@ -537,17 +553,17 @@ def kl(c: _Ctx) -> None:
         c.need(cid, "kl", other)  # each row records what it lacks
     if not c.need("kl_acceleration", "kl"):
         return
-    k_ma, k_slope = c.ma("kl"), _slope(c.s["kl"], c.w)
+    k_ma, k_slope = c.ma("kl"), c.slope("kl")
     full = c.full(2 * c.w)
-    if c.log.has("reward"):
-        r_slope = _slope(c.s["reward"], c.w)
+    if c.has("reward"):
+        r_slope = c.slope("reward")
         c.fire("kl_runaway", full & (k_ma > c.th.kl_bound) & (r_slope < 0),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token (bound {c.th.kl_bound:g}) while reward falls", gap=c.w)
         early = c.row < 5 * c.w  # "early in the run": its first five windows
         k_abs = np.abs(k_ma) if c.log.kl_signed else k_ma
         c.fire("plateau_kl_flat", full & early & (k_abs < c.th.kl_flat) & _reward_flat(c),
                lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.2g} (~0) and reward flat early in the run", gap=c.w)
-    if c.log.has("frac_zero_std"):
+    if c.has("frac_zero_std"):
         z = c.ma("frac_zero_std")
         k_before = _shift(k_ma, 2 * c.w)
         # KL at least doubling within two windows while no group carries signal: the KL term is
@@ -567,7 +583,7 @@ def kl(c: _Ctx) -> None:
     d1, d2 = _shift(k_ma, w) - _shift(k_ma, 2 * w), k_ma - _shift(k_ma, w)
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
-    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se)
+    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
     c.fire("kl_acceleration", accel,
            lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
                         f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)", gap=w)
@@ -583,14 +599,18 @@ def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
 
 
 KL_ACCEL_Z = 4.0  # standard deviations of noise a KL acceleration must stand out of (one-sided p ~ 3e-5 a step)
+# A standard error estimated from fewer steps than this is itself noise: the rows that test against one
+# need windows of at least MIN_STEPS steps (PromQL: a time window that holds fewer steps does not judge).
+MIN_STEPS = 5
+BINOMIAL_FLOOR = 0.01  # p(1-p) floor: a fraction near 0 or 1 still has the noise of a few completions
 
 
 def length_pathology(c: _Ctx) -> None:
-    if c.log.has("truncation_rate"):
+    if c.has("truncation_rate"):
         t = c.ma("truncation_rate")
         pinned = t >= c.th.truncation
         what = lambda i, j: f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions truncated at max_new_tokens"
-    elif c.log.max_new_tokens and c.log.has("response_len"):
+    elif c.log.max_new_tokens and c.has("response_len"):
         t = c.ma("response_len") / c.log.max_new_tokens
         pinned = t >= 0.9
         what = lambda i, j: f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
@@ -598,9 +618,9 @@ def length_pathology(c: _Ctx) -> None:
         c.diag.not_assessable["length_pathology"] = "the log has no truncation rate and max_new_tokens is unknown"
         return
     mask = c.full(c.w) & pinned
-    if c.log.has("response_len_wrong") and c.log.has("response_len_correct"):
+    if c.has("response_len_wrong") and c.has("response_len_correct"):
         ratio = c.ma("response_len_wrong") / c.ma("response_len_correct")
-        mask |= c.full(c.w) & (ratio > c.th.wrong_longer) & (_slope(c.s["response_len_wrong"], c.w) > 0)
+        mask |= c.full(c.w) & (ratio > c.th.wrong_longer) & (c.slope("response_len_wrong") > 0)
     c.fire("length_pathology", mask, what, gap=c.w)
 
 
@@ -613,12 +633,12 @@ def length_drift(c: _Ctx) -> None:
     rate, or without one the steps whose mean length is the cap: every completion cut) must sit
     above its early level by more than two binomial standard errors of a window mean."""
     cap = c.log.max_new_tokens
-    if not (cap and c.log.has("response_len")):
+    if not (cap and c.has("response_len")):
         c.diag.not_assessable["length_drift"] = ("max_new_tokens is unknown (not in the log, and lengths do not pile up "
-                                                 "at one ceiling)" if c.log.has("response_len") else "the log has no completion length")
+                                                 "at one ceiling)" if c.has("response_len") else "the log has no completion length")
         return
     u = c.s["response_len"] / cap
-    capped = c.s["truncation_rate"] if c.log.has("truncation_rate") else (c.s["response_len"] >= cap).astype(float)
+    capped = c.s["truncation_rate"] if c.has("truncation_rate") else (c.s["response_len"] >= cap).astype(float)
 
     def stats(rows):
         head, t = u[rows], capped[rows]
@@ -645,45 +665,62 @@ def correctness(c: _Ctx) -> None:
     """correctness_drop (warning) and the training-side half of reward_hacking (critical).
 
     The verifier's acceptance on the training samples (train_acc, or a correctness reward
-    component) against the running peak of its 2w moving mean, while an auxiliary reward component
-    (format, length, style: `reward_aux`) holds or rises. Noise: the early step-to-step sd, which for
-    a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also holds the
-    correlation within groups that the formula misses; B need not be known). A CUSUM of the
-    shortfall below the peak, allowance half of `correctness_drop` (10 %) of the peak (at least half
-    a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning. Critical (reward_hacking) when the fall is realised:
-    the moving mean `correctness_drop` below the peak and three of its standard errors more."""
-    if not c.need("correctness_drop", "train_acc", "reward_aux"):
+    component) against the running peak of its 2w moving mean. Noise: the early step-to-step sd,
+    which for a fraction of B completions is its binomial noise sqrt(p(1-p)/B), measured (it also
+    holds the correlation within groups that the formula misses; B need not be known). A CUSUM of
+    the shortfall below the recent peak, allowance half of `correctness_drop` (10 %) of the peak (at
+    least half a noise sd) plus the peak's own upward bias, alarms at `cusum_h`: a warning, whatever the
+    cause (the policy getting worse at the task shows here before the sparse held-out evaluation
+    sees it). Critical (reward_hacking) when an auxiliary reward (format, length, style:
+    `reward_aux`) holds or rises meanwhile and the fall is realised: the moving mean
+    `correctness_drop` below the peak and three of its standard errors more."""
+    if not c.need("correctness_drop", "train_acc"):
         return
-    acc, aux, w2 = c.s["train_acc"], c.s["reward_aux"], 2 * c.w
+    acc, w2 = c.s["train_acc"], 2 * c.w
 
     def stats(rows):
         head = acc[rows]
-        return max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+        sigma = max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-3)
+        p0 = float(np.nanmean(head))
+        return max(p0 * (1 - p0), BINOMIAL_FLOOR) / sigma**2  # B_eff: completions a step, as the noise says
 
-    noise = c.early("correctness_early", c.E, stats)
-    if noise is None:
+    b_eff = c.early("correctness_early", c.E, stats)
+    if b_eff is None:
         return
     ma = c.ma("train_acc", w2)
-    peak = c.running_max("correctness_peak", np.where(c.row >= c.E, ma, np.nan))
-    # The running peak of a noisy mean sits above the true level by about two of its standard errors
-    # (the max of many correlated draws): that excess is added, or a flat run would drift to an alarm.
+    # The peak over the last `correctness_lookback` (10) 2w-windows: the max of ever more windows of a
+    # noisy mean drifts up without bound (after 100,000 steps it sits ~4 standard errors above the true
+    # level, and a flat healthy run would page); over ~10 independent windows it sits ~1.5 above, and
+    # two standard errors are added to the allowance for it.
+    peak = c.trailing_max("correctness_peak", np.where(c.row >= c.E, ma, np.nan), c.th.correctness_lookback * w2)
+    # The noise of a fraction moves with its level (binomial: sqrt(p(1-p)/B)): at the peak's level,
+    # with the B the early noise implies. A run that learns from 0.2 to 0.5 has 25 % more noise than
+    # it had early, and judged against the early sd would drift to an alarm.
+    noise = np.sqrt(np.maximum(peak * (1 - peak), BINOMIAL_FLOOR) / b_eff)
     allowance = np.maximum(c.th.correctness_drop * peak / 2, noise / 2) + 2 * noise / math.sqrt(w2)
     s = c.cusum("correctness_drop", np.where((c.row >= c.E) & np.isfinite(peak), (peak - acc - allowance) / noise, 0.0))
-    aux_ma = c.ma("reward_aux", w2)
-    aux_se = windowed_sd(aux, w2) / math.sqrt(w2)
-    holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise
-    alarm = (s >= c.th.cusum_h) & holds & (ma < peak)
+    alarm = (s >= c.th.cusum_h) & (ma < peak)
+    has_aux = c.has("reward_aux")
+    if has_aux:
+        aux = c.s["reward_aux"]
+        aux_ma = c.ma("reward_aux", w2)
+        aux_se = c.sd("reward_aux", w2) / math.sqrt(w2)
+        holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise
+    else:
+        aux_ma, holds = np.full(c.n, np.nan), np.zeros(c.n, dtype=bool)
 
     def evidence(i, j):
         k = i + int(np.nanargmin(ma[i:j + 1]))
-        return (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its peak -> {100 * ma[k]:.1f} % "
-                f"(noise {100 * noise:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g}) "
-                f"while the auxiliary reward holds at {aux_ma[k]:.3g}")
+        text = (f"training correctness (2w moving mean) {100 * peak[k]:.1f} % at its recent peak -> {100 * ma[k]:.1f} % "
+                f"(noise {100 * noise[k]:.1f} points a step; sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g})")
+        if has_aux:
+            text += (f" while the auxiliary reward holds at {aux_ma[k]:.3g}" if holds[k] else
+                     f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
+        return text
 
     c.fire("correctness_drop", alarm, evidence, gap=c.w)
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
-    c.fire("reward_hacking", alarm & realised,
-           lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
+    c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 
 
 def all_wrong_rising(c: _Ctx) -> None:
@@ -733,7 +770,7 @@ def plateaus(c: _Ctx) -> None:
         # held-out accuracy would also fire on any train/eval difficulty gap, e.g. both book runs.)
         r = c.ma("reward", 2 * c.w) / c.log.max_reward
         strict = c.ma("train_acc", 2 * c.w)
-        kl_ok = c.ma("kl") >= c.th.kl_flat if c.log.has("kl") else np.ones(c.n, dtype=bool)
+        kl_ok = c.ma("kl") >= c.th.kl_flat if c.has("kl") else np.ones(c.n, dtype=bool)
         c.fire("plateau_grader_loose", full & _reward_flat(c) & kl_ok & (r >= c.th.loose_reward) &
                (r - strict >= c.th.loose_gap),
                lambda i, j: f"reward {np.nanmax(r[i:j + 1]):.2f} of its maximum and flat, while the verifier accepts "
@@ -741,11 +778,11 @@ def plateaus(c: _Ctx) -> None:
     if c.need("kl_only_learning", "loss", "reward"):
         lo = c.ma("loss", 2 * c.w)
         before = _shift(lo, 2 * c.w)
-        noise = windowed_sd(c.s["loss"], 2 * c.w) / math.sqrt(2 * c.w)
+        noise = c.sd("loss", 2 * c.w) / math.sqrt(2 * c.w)
         # The earlier level must itself stand out of the noise, and the fall be well beyond it: the
         # test runs at every step, so 3 sigma still paged 2 % of simulated healthy runs; 5 sigma none.
         falling = (before > 5 * noise) & (lo < 0.5 * before) & (before - lo > 5 * math.sqrt(2) * noise)
-        hit = c.full(4 * c.w) & falling & _reward_flat(c) & (np.arange(c.n) >= c.start)
+        hit = c.full(4 * c.w) & falling & _reward_flat(c) & (np.arange(c.n) >= c.start) & (c.w >= MIN_STEPS)
         # One spike inflates a window mean, and the window after it then "falls": the medians must
         # fall too. Checked only where the means fall, so a long healthy log costs nothing.
         i = np.flatnonzero(hit)

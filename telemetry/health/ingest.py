@@ -49,6 +49,8 @@ class RunLog:
     baseline_acc: float | None = None  # held-out accuracy before training (step 0), if known
     kl_signed: bool = False  # the KL column has negative values: a signed estimator (k1), not k3
     reward_scale_known: bool = True  # max_reward is the real maximum (config, or a 0/1 reward that never exceeds 1)
+    traces: dict[int, str] = field(default_factory=dict)  # step -> its first Langfuse trace (the explaining group)
+    trace_project: str | None = None  # the run's traces.project_id, for links
     notes: list[str] = field(default_factory=list)
 
     def has(self, name: str) -> bool:
@@ -330,7 +332,10 @@ def _csv(path: Path, fmt: str = "csv") -> RunLog:
     for i, r in enumerate(rows, start=2):
         if not math.isfinite(_number(r.get(step_col))):
             raise IngestError(f"{path}:{i}: step {r.get(step_col)!r} is not a number")
-    return _table(path, rows, fmt)
+    log = _table(path, rows, fmt)
+    if "trace_ids" in header:  # our record: each step's traced groups, the explaining ones first; later rows win
+        log.traces = {int(_number(r[step_col])): r["trace_ids"].split()[0] for r in rows if (r.get("trace_ids") or "").strip()}
+    return log
 
 
 def _sentinel(path: Path) -> RunLog:
@@ -386,6 +391,8 @@ def _read_config(log: RunLog, cfg_path: Path) -> None:
     if log.group_size and prompts:
         log.completions_per_step = log.group_size * prompts
     log.window = whole("health", "window", h.get("window"))  # the trainer's own window, when it was set
+    project = section("traces").get("project_id")
+    log.trace_project = project if isinstance(project, str) else None
     specs = cfg.get("rewards") or []
     if not isinstance(specs, list) or not all(isinstance(r, dict) for r in specs):
         raise IngestError(f"{cfg_path}: 'rewards' must be a list of {{name, weight}}, got {specs!r}")

@@ -144,6 +144,10 @@ class HealthMonitor:
                     c.severity.upper(), c.id, c.first_step, c.evidence, c.cause, c.action)
         ids = {c.id for c in active}
         baseline = self._state.get("entropy_early", (math.nan, math.nan))[0]
+        if "entropy_early" not in self._state and "entropy" in series:  # still forming: the median so far
+            # (exported for the dashboard and the rules; no detector judges against it before it is fixed)
+            e = series["entropy"][np.isfinite(series["entropy"])]
+            baseline = float(np.median(e)) if len(e) else math.nan
         for action, wanted in (("halt", self.halt_on), ("stop", self.stop_on)):  # halting wins
             if ids & wanted:
                 return Verdict(active, new, action, min(ids & wanted), baseline)

@@ -4,6 +4,7 @@ JSON or a markdown monitoring report."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,26 @@ from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
+from grpo_sentinel.telemetry.traces import links_for
+
+
+def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
+    """Each condition linked to the generations behind it: the run's first trace within the condition's
+    steps (the trainer traces the groups that explain an active condition, and lists them first)."""
+    if not log.traces:
+        return diag
+    links = links_for(log.trace_project)
+    steps = np.array(sorted(log.traces))
+
+    def linked(c):
+        i = np.searchsorted(steps, c.first_step)
+        if i == len(steps) or steps[i] > c.last_step:
+            return c
+        tid = log.traces[int(steps[i])]
+        return replace(c, generations=(links.trace(tid) if links else "") or f"trace {tid} (step {steps[i]})")
+
+    diag.conditions = [linked(c) for c in diag.conditions]
+    return diag
 
 
 def summary(log: RunLog, th: Thresholds) -> dict:
@@ -80,6 +101,8 @@ def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
     for c in diag.conditions:
         lines.append(f"{c.severity.upper():8} {c.id} steps {c.first_step}-{c.last_step}: {c.evidence}")
         lines.append(f"         cause: {c.cause}; action: {c.action}")
+        if c.generations:
+            lines.append(f"         generations: {c.generations}")
     for name in ("reward", "kl"):
         if name in sm:
             d = sm[name]
@@ -125,8 +148,8 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out.append("No condition of the health table holds.")
     else:
         out += ["| severity | condition | steps | evidence | likely cause | suggested action |", "|---|---|---|---|---|---|"]
-        out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence} | {c.cause} | {c.action} |"
-                for c in diag.conditions]
+        out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence}{_generations(c.generations)} "
+                f"| {c.cause} | {c.action} |" for c in diag.conditions]
     out += ["", "## Lead time", "", lead_words(lead_time(diag, log, th)) + ".", "",
             f"Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
             "evaluations: the reward's moving mean); the lead is the damage step minus the first critical verdict's."]
@@ -168,3 +191,9 @@ def plot(diag: Diagnosis, log: RunLog, th: Thresholds, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _generations(where: str) -> str:
+    if not where:
+        return ""
+    return f" ([generations]({where}))" if where.startswith("http") else f" (generations: {where})"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
-from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 
 TRAINER_SIDE = {
@@ -55,14 +55,18 @@ class RuleParams:
     max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
     runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
     grafana: str = ""  # Grafana base URL: alerts then link the run's dashboard (`dashboard_url`)
+    langfuse: str = ""  # Langfuse project URL (https://host/project/<id>): alerts link the run's generations
     # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
     # keeps consecutive runs of the daemon on one pod apart in every window.
     group_by: tuple[str, ...] = ("job", "instance", "run_id")
+    straggler: float = 1.5  # a rank whose busy time is this multiple of the fastest rank's is a straggler
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
 def duration(seconds: float) -> str:
     """Prometheus duration: 300 -> '5m', 90 -> '90s'."""
+    if not isinstance(seconds, (int, float)):  # a Helm values expression (rules_helm.py) formats itself
+        return format(seconds, "duration")
     s = int(round(seconds))
     for unit, size in (("h", 3600), ("m", 60)):
         if s % size == 0 and s >= size:
@@ -133,6 +137,8 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
             raise ValueError(f"{name}={value!r} is not a {want}") from None
         error = ("max_reward must be > 0 (the reward's maximum; rewards are judged as a fraction of it)"
                  if name == "max_reward" and p_kw[name] <= 0 else
+                 "straggler must be > 1 (a multiple of the fastest rank's busy time)"
+                 if name == "straggler" and p_kw[name] <= 1 else
                  threshold_error(name, th_kw[name]) if name in th_kw else None)
         if error:
             raise ValueError(f"{name}={value!r}: {error}")
@@ -182,14 +188,18 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
         "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}]))",
         "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
+        # Steps the window holds: changes of the step counter, not scrapes (a scrape faster than the
+        # steps sees each step several times, and repeated samples are not independent ones).
+        "grpo:steps:seen_w": f"max {by} (changes(grpo_step[{w}])) + 1",
+        "grpo:steps:seen_2w": f"max {by} (changes(grpo_step[{w2}])) + 1",
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
-        "grpo:loss:se_2w": (f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n"
-                            f"/ sqrt(avg {by} (count_over_time(grpo_loss[{w2}])))"),
+        "grpo:loss:se_2w": f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n/ sqrt(grpo:steps:seen_2w)",
         # Standard error of the w KL mean from its step-to-step noise: the sd of consecutive differences
-        # (idelta at every evaluation of the window) / sqrt 2, over sqrt(samples): a trend only shifts
-        # the differences' mean (detectors._diff_se), for kl_acceleration.
-        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time(idelta(grpo_kl_mean[{duration(2 * p.window)}])[{w}:]))\n"
-                              f"/ {_num(math.sqrt(2))} / sqrt(avg {by} (count_over_time(grpo_kl_mean[{w}])))"),
+        # (idelta at every evaluation of the window; a repeated scrape of one step, a zero difference,
+        # is left out) / sqrt 2, over sqrt(steps): a trend only shifts the differences' mean
+        # (detectors._diff_se), for kl_acceleration.
+        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time((idelta(grpo_kl_mean[{w2}]) != 0)[{w}:]))\n"
+                              f"/ {_num(math.sqrt(2))} / sqrt(grpo:steps:seen_w)"),
         "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
         "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
@@ -200,6 +210,9 @@ def recording_rules(p: RuleParams) -> list[dict]:
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
+        # Each rank's busy time per step (its step time minus its wait in collectives), for stragglers.
+        "grpo:rank_busy_seconds:avg_w": (f"avg {_by(p, 'rank')} (avg_over_time(grpo_rank_step_time_seconds[{w}]))\n"
+                                         f"- avg {_by(p, 'rank')} (avg_over_time(grpo_rank_collective_wait_seconds[{w}]))"),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
 
@@ -276,7 +289,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > {_num(KL_ACCEL_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
             f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
             f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel ** 2))} * grpo:kl_mean:se_w\n"
-            f"and {_aged(p, 3)}",
+            f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 3)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
             f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway."),
@@ -285,7 +298,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
             f"and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > {_num(5 * math.sqrt(2))} * grpo:loss:se_2w\n"
             "and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2\n"
-            f"and {flat}\nand {_aged(p, 4)}",
+            f"and grpo:steps:seen_2w >= {2 * MIN_STEPS}\nand {flat}\nand {_aged(p, 4)}",
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
             "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),
@@ -338,17 +351,21 @@ def alert_name(cid: str) -> str:
 
 
 def _dashboard(p: RuleParams) -> dict[str, str]:
-    """The alerting run's dashboard (grafana/dashboards/grpo-health.json): job and run id from the
-    alert's own labels (every series carries run_id). Without run_id in group_by the alert has no
-    such label, and the run is looked up in `target_info` when the alert fires."""
-    if not p.grafana:
-        return {}
+    """Links from the page: the alerting run's dashboard (grafana/dashboards/grpo-health.json) and its
+    generations in Langfuse (the trace exporter makes the run id the session id). Job and run id come
+    from the alert's own labels (every series carries run_id); without run_id in group_by the alert has
+    no such label, and the run is looked up in `target_info` when the alert fires."""
     if "run_id" in p.group_by:
         run = "{{ $labels.run_id | urlquery }}"
     else:
         run = ('{{ with printf "max by (grpo_run_id) (target_info{job=%q, instance=%q})" $labels.job $labels.instance '
                '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
-    return {"dashboard_url": f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"}
+    out = {}
+    if p.grafana:
+        out["dashboard_url"] = f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"
+    if p.langfuse:
+        out["generations_url"] = f"{p.langfuse.rstrip('/')}/sessions/{run}"
+    return out
 
 
 def health_rules(p: RuleParams) -> list[dict]:
@@ -391,6 +408,25 @@ def operational_rules(p: RuleParams) -> list[dict]:
          f"sum {_by(p)} (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
          duration(2 * p.window), "OTLP metric exports failing ({{ $value }} recently)",
          "The trainer keeps training; metrics pushed over OTLP are being lost."),
+        ("GRPOTracesDropped", "traces-dropped",
+         f"sum {_by(p, 'reason')} (increase(grpo_traces_dropped_total[{duration(2 * p.window)}])) > 0",
+         duration(p.pending), "{{ $value }} Langfuse spans and scores dropped ({{ $labels.reason }})",
+         f"Trace data not delivered to Langfuse in the last {duration(2 * p.window)}, reason `{{{{ $labels.reason }}}}` "
+         "(unauthorized: check the keys; unreachable: the server or the network; queue_full: the trainer produces "
+         "traces faster than they can be sent). Training is unaffected."),
+        ("GRPORunFailed", "run-failed",
+         f"sum by ({', '.join(x for x in p.group_by if x != 'run_id')}) "
+         f"(increase(grpo_runs_finished_total{{status=\"failed\"}}[{duration(2 * p.window)}])) > 0",
+         "0s", "a run failed ({{ $value }} recently)",
+         "A run the daemon was training ended `failed`; the daemon has gone on with the next one. "
+         "GET /v1/runs says which and why (its `error`), and its train.log has the rest."),
+        ("GRPORankStraggler", "rank-straggler",
+         f"max {_by(p)} (grpo:rank_busy_seconds:avg_w) > {_num(p.straggler)} * min {_by(p)} (grpo:rank_busy_seconds:avg_w)"
+         f"\nand count {_by(p)} (grpo:rank_busy_seconds:avg_w) > 1",
+         duration(p.pending), "one rank is {{ $value | humanizeDuration }} busy a step, far above the fastest",
+         f"Over {duration(p.window)} the slowest rank's busy time per step (step time minus the time it waited in "
+         f"collectives) is above {_num(p.straggler)}x the fastest rank's: every rank waits for it. The dashboard's "
+         "rank panel says which rank."),
     ]
     out = []
     for alert, anchor, expr, pending, summary, description in specs:

@@ -1,0 +1,154 @@
+"""A 0.5B-class model on a GPU: our GRPO step vs TRL's GRPOTrainer with the same settings.
+
+The model is Qwen2.5-0.5B's shape built from config (random init, nothing downloaded) with a tokenizer
+covering its 151,936-token vocabulary; weights in bf16; G = 8 completions of each of 8 prompts, 256
+new tokens (a random model never emits EOS, so every completion is 256 tokens long), LoRA r = 8 on all
+projections, beta > 0, no gradient checkpointing for either. Each trainer runs in a fresh process;
+after warm-up steps, the median step time gives completions/s and completion tokens/s, and
+torch.cuda.max_memory_allocated the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
+
+    pip install -e '.[bench]'
+    python benchmarks/bench_gpu.py                 # needs CUDA
+    python benchmarks/bench_gpu.py --smoke         # tiny shapes on the CPU: checks the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+
+QWEN_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1_000_000.0,
+                 tie_word_embeddings=True)
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=512, tie_word_embeddings=True)
+G, PROMPTS = 8, 8
+
+
+def worker_ours(path: Path, max_new: int, steps: int, device: str) -> dict:
+    import torch
+
+    run = common.ours(path, max_new, "model.dtype=bfloat16", f"model.device={device}", "grpo.micro_batch_size=64")
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        stats = run.next()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) == 2 and device == "cuda":  # peak of the measured steps, not of loading
+            torch.cuda.reset_peak_memory_stats()
+    return {"times": times, "tokens": float(stats.response_len) * G * PROMPTS, "peak": _peak(device)}
+
+
+def worker_trl(path: Path, max_new: int, steps: int, device: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_sentinel.service.data import read_jsonl
+
+    rows = [{"prompt": e.prompt, "answer": e.answer} for e in read_jsonl(common.dataset())]
+
+    class Clock(TrainerCallback):
+        times: list[float] = []
+
+        def on_step_begin(self, *a, **k):
+            _sync(device)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            _sync(device)
+            self.times.append(time.perf_counter() - self.t0)
+            if len(self.times) == 2 and device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # bf16 weights as ours; TRL's bf16 autocast on top is its default and costs nothing on a GPU.
+        args = GRPOConfig(output_dir=tmp, use_cpu=device == "cpu", per_device_train_batch_size=G * PROMPTS,
+                          num_generations=G, max_completion_length=max_new, beta=common.BETA, learning_rate=common.LR,
+                          loss_type="grpo", bf16=True, gradient_checkpointing=False,
+                          model_init_kwargs={"dtype": "bfloat16"}, max_steps=steps, logging_steps=10_000,
+                          save_strategy="no", report_to=[])
+        clock = Clock()
+        GRPOTrainer(model=str(path), reward_funcs=[zero_reward], args=args, train_dataset=Dataset.from_list(rows),
+                    callbacks=[clock], peft_config=LoraConfig(r=common.RANK, lora_alpha=2 * common.RANK,
+                                                              target_modules=common.TARGETS,
+                                                              task_type="CAUSAL_LM")).train()
+    return {"times": clock.times, "tokens": float(max_new * G * PROMPTS), "peak": _peak(device)}
+
+
+def zero_reward(completions, **_):  # a random model is never right; the step's cost does not depend on it
+    return [0.0] * len(completions)
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak(device: str) -> float:
+    import torch
+
+    return float(torch.cuda.max_memory_allocated()) if device == "cuda" else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 16 tokens, on the CPU: the script runs end to end")
+    ap.add_argument("--steps", type=int, help="steps per trainer, the first two are warm-up (default 5, smoke 3)")
+    ap.add_argument("--worker", choices=["ours", "trl"])
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--max-new", type=int)
+    ap.add_argument("--device")
+    args = ap.parse_args()
+    if args.worker:
+        fn = worker_ours if args.worker == "ours" else worker_trl
+        print(json.dumps(fn(args.model, args.max_new, args.steps, args.device)))
+        return
+
+    import torch
+
+    if not args.smoke and not torch.cuda.is_available():
+        sys.exit("bench_gpu.py: no CUDA device here (torch.cuda.is_available() is False). On a GPU node install the "
+                 "CUDA build of torch 2.13.0 (README, GPU); here, `--smoke` runs tiny shapes on the CPU.")
+    device, shape, max_new = ("cpu", SMOKE, 16) if args.smoke else ("cuda", QWEN_0_5B, 256)
+    steps = args.steps or (3 if args.smoke else 5)
+    print(common.machine())
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = common.large_vocab_model(Path(tmp) / "qwen-0.5b-shape", dtype="bfloat16", **shape)
+        print(f"model: Qwen2 {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, V=151936, bf16; "
+              f"G={G} x {PROMPTS} prompts, {max_new} new tokens, r={common.RANK}, beta={common.BETA}; "
+              f"built in {time.perf_counter() - t_start:.0f} s")
+        results = {}
+        for variant in ("ours", "trl"):
+            out = subprocess.run([sys.executable, __file__, "--worker", variant, "--model", str(path), "--max-new",
+                                  str(max_new), "--steps", str(steps), "--device", device], capture_output=True, text=True)
+            if out.returncode != 0:
+                sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
+            results[variant] = r = json.loads(out.stdout.strip().splitlines()[-1])
+            sec = statistics.median(r["times"][2:] or r["times"])
+            r["sec"] = sec
+            peak = f"{r['peak'] / 2**30:.1f} GiB" if r["peak"] == r["peak"] else "n/a on CPU"
+            print(f"  {variant:<5} {sec:6.2f} s/step  {G * PROMPTS / sec:7.1f} completions/s  "
+                  f"{r['tokens'] / sec:8.0f} completion tokens/s  peak {peak}", flush=True)
+        print(f"  ours / trl: {results['trl']['sec'] / results['ours']['sec']:.2f}x; "
+              f"total {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Cheaper ways to run a peft LoRA model, each exact in what it computes, swapped in for one call.
+
+Every LoRA projection y = W x + b + s * B (A x) costs peft three matmuls plus a multiply and an add
+over the whole [tokens, out] output (and their backward), and a Python call that inspects the layer.
+For the tiny models of the demo that overhead is most of a forward pass. Three stand-ins:
+
+- folded: W + s * B @ A in the base layer (sampling, no gradients): one matmul.
+- fused: one autograd node per projection, whose scale and add ride on addmm (training).
+- off: the base layer alone (the reference pass), without toggling peft's adapter state.
+
+Each swaps modules in the network for the length of a `with` block and puts peft's layers back
+afterwards; base weights are never modified in place, so the frozen reference stays bit-identical.
+A layer peft builds differently (DoRA and other variants, LoRA biases, dropout, several active
+adapters, mixed dtypes) keeps its own forward: the stand-ins are an optimisation, never a change.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from weakref import WeakKeyDictionary
+
+import torch
+from peft.tuners.lora import Linear as LoraLinear
+
+_SITES: WeakKeyDictionary = WeakKeyDictionary()  # network -> [(parent module, attribute, LoRA layer)]
+
+
+@contextmanager
+def folded(model):
+    """The network to sample from, every simple LoRA layer replaced by its base layer holding W + s * B @ A.
+    A model without adapters is returned as it is."""
+    with _swapped(model, _fold) as net:
+        yield net
+
+
+@contextmanager
+def fused(model):
+    """The network with every simple LoRA layer computed by one autograd node (same values and gradients)."""
+    with _swapped(model, _fuse) as net:
+        yield net
+
+
+@contextmanager
+def off(model):
+    """The network without its adapters: the base model, as peft's disabled adapters compute it."""
+    with _swapped(model, lambda layer, data: layer.get_base_layer()) as net:
+        yield net
+
+
+@contextmanager
+def _swapped(model, stand_in):
+    """Replace each LoRA layer that `stand_in(layer, originals)` returns a module for; restore on exit."""
+    if not hasattr(model, "get_base_model"):
+        yield model
+        return
+    net = model.get_base_model()
+    done = []  # (parent, attribute, LoRA layer)
+    originals = []  # (parameter, its original data): folding points the base weight at a new tensor
+    try:
+        for parent, attr, layer in _sites(net):
+            if layer.merged:
+                raise ValueError("a LoRA adapter is merged into the base weights (peft merge()); unmerge it first: "
+                                 "the reference pass needs the base weights as they were")
+            if getattr(parent, attr) is not layer or layer.disable_adapters:
+                continue  # already swapped by an enclosing block, or peft already runs the base layer alone
+            module = stand_in(layer, originals)
+            if module is not None:
+                setattr(parent, attr, module)
+                done.append((parent, attr, layer))
+        yield net
+    finally:
+        for parent, attr, layer in done:
+            setattr(parent, attr, layer)
+        for param, data in originals:
+            param.data = data
+
+
+def _sites(net) -> list:
+    """Where the LoRA layers sit, found once per network. A layer added later is simply not swapped
+    (it runs peft's forward, still exact); one removed fails the identity check in _swapped."""
+    sites = _SITES.get(net)
+    if sites is None:
+        sites = []
+        for name, layer in net.named_modules():
+            if isinstance(layer, LoraLinear):
+                parent, _, attr = name.rpartition(".")
+                sites.append((net.get_submodule(parent), attr, layer))
+        _SITES[net] = sites
+    return sites
+
+
+def _simple(layer) -> str | None:
+    """The one active adapter of a plain LoRA linear layer (no variant, bias, dropout), else None."""
+    active = [a for a in layer.active_adapters if a in layer.lora_A]
+    if len(active) != 1 or layer.fan_in_fan_out:
+        return None
+    a = active[0]
+    if a in layer.lora_variant or layer.lora_bias[a] or not isinstance(layer.lora_dropout[a], torch.nn.Identity):
+        return None
+    return a
+
+
+def _fold(layer, originals) -> torch.nn.Module | None:
+    a = _simple(layer)
+    if a is None:
+        return None
+    base = layer.get_base_layer()
+    A, B = layer.lora_A[a].weight, layer.lora_B[a].weight
+    W = base.weight.data
+    originals.append((base.weight, W))
+    with torch.no_grad():  # W + s * B @ A in one fused op, in the adapter's dtype (peft's), rounded once to W's
+        base.weight.data = torch.addmm(W.to(A.dtype), B, A, alpha=layer.scaling[a]).to(W.dtype)
+    return base
+
+
+def _fuse(layer, originals) -> torch.nn.Module | None:
+    a = _simple(layer)
+    base = layer.get_base_layer()
+    if a is None or layer.lora_A[a].weight.dtype != base.weight.dtype:  # peft computes mixed dtypes its own way
+        return None
+    return _FusedLoRA(base, layer.lora_A[a].weight, layer.lora_B[a].weight, layer.scaling[a])
+
+
+class _FusedLoRA(torch.nn.Module):
+    def __init__(self, base: torch.nn.Linear, A: torch.Tensor, B: torch.Tensor, scale: float):
+        super().__init__()
+        self.base, self.A, self.B, self.scale = base, A, B, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _LoRAFunction.apply(x, self.base.weight, self.base.bias, self.A, self.B, self.scale)
+
+
+class _LoRAFunction(torch.autograd.Function):
+    """y = x W^T + b + s (x A^T) B^T. x [..., in], W [out, in], A [r, in], B [out, r]. W and b are frozen."""
+
+    @staticmethod
+    def forward(ctx, x, W, b, A, B, scale):
+        x2 = x.reshape(-1, x.shape[-1])  # [N, in]
+        h = x2 @ A.T  # [N, r]
+        y = torch.addmm(b, x2, W.T) if b is not None else x2 @ W.T  # [N, out]
+        y.addmm_(h, B.T, alpha=scale)  # the scale and the add without another pass over [N, out]
+        ctx.save_for_backward(x2, W, A, B, h)
+        ctx.scale, ctx.x_shape = scale, x.shape
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, W, A, B, h = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])  # [N, out]
+        gh = g @ B  # [N, r]: the gradient at A x, before the scale
+        dx = dA = dB = None
+        if ctx.needs_input_grad[0]:
+            dx = (g @ W).addmm_(gh, A, alpha=ctx.scale).view(ctx.x_shape)
+        if ctx.needs_input_grad[3]:
+            dA = (gh.T @ x2).mul_(ctx.scale)  # [r, in]
+        if ctx.needs_input_grad[4]:
+            dB = (g.T @ h).mul_(ctx.scale)  # [out, r]
+        return dx, None, None, dA, dB, None
