@@ -84,9 +84,9 @@ def test_prometheus_scrapes_every_series_trl_can_feed_and_none_it_cannot(run):
 def test_the_committed_rules_and_dashboard_work_unchanged(run):
     broken = [(r["name"], r.get("lastError")) for g in run["rules"] for r in g["rules"] if r["health"] != "ok"]
     assert not broken, broken
-    # Every panel has data but those reading what TRL cannot feed (per-completion KL and entropy).
+    # Every panel has data but those reading what TRL cannot feed (per-completion KL and entropy, per-rank times).
     empty = [p for p, has in run["panels"].items() if not has]
-    assert empty and all("grpo_kl_bucket" in p or "grpo_entropy_bucket" in p for p in empty), empty
+    assert empty and all(re.search(r"grpo_(kl_bucket|entropy_bucket|rank_)", p) for p in empty), empty
 
 
 def test_the_record_has_one_row_per_logged_step_with_trls_values(run):
@@ -191,9 +191,11 @@ def test_the_wheel_exposes_only_grpo_sentinel_and_pins_the_trl_it_is_tested_with
     assert "grpo_sentinel/integrations/trl.py" in names and "grpo_sentinel/__init__.py" not in names
     assert not any(n.startswith("grpo_sentinel/telemetry/integrations/") for n in names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
-    pins = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines() if line.startswith("Requires-Dist: trl")]
-    for extra in ("trl", "test"):  # what a TRL user installs, and what CI tests with: the callback's range
-        assert [r.specifier for r in pins if r.marker.evaluate({"extra": extra})] == [SUPPORTED], extra
+    reqs = [r for line in meta.splitlines() if line.startswith("Requires-Dist:")
+            if (r := Requirement(line.split(":", 1)[1])).marker is not None]  # the extras' requirements
+    # What a TRL user installs pins the callback's range, and what CI tests with installs that extra.
+    assert [r.specifier for r in reqs if r.name == "trl" and r.marker.evaluate({"extra": "trl"})] == [SUPPORTED]
+    assert any(r.name == "grpo-sentinel" and "trl" in r.extras for r in reqs if r.marker.evaluate({"extra": "test"}))
     assert metadata.version("trl") in SUPPORTED  # ... which this environment, the one tested, satisfies
 
 

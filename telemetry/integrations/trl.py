@@ -63,7 +63,9 @@ SUPPORTED = SpecifierSet(">=1.16,<1.17")  # the TRL versions the tests run (pypr
 CURVE_EVERY = 20  # reward-vs-step.csv rows every this many rows when no evaluation gives them
 # Catalogue rows TRL cannot feed, and why: they stay absent (tests/test_trl.py checks a real scrape).
 NOT_FED = {"grpo.kl": "TRL logs the mean KL only, not each completion's",
-           "grpo.entropy": "TRL logs the mean entropy only, not each completion's"}
+           "grpo.entropy": "TRL logs the mean entropy only, not each completion's",
+           **{f"grpo.rank.{m}": "TRL's ranks time and measure their steps themselves; it logs none of it per rank"
+              for m in ("step_time", "collective_wait", "peak_memory")}}
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
