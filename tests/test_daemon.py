@@ -239,7 +239,9 @@ def test_a_real_prometheus_keeps_two_consecutive_runs_apart_and_an_idle_daemon_n
     try:
         d.ready()
         for run_id in ("first", "second"):
-            d.call("POST", "/v1/runs", {"run": {"steps": 25, "run_id": run_id, "sample_every": 25}, "data": {"eval_size": 20}})
+            # linger: a 25-step demo run ends within one scrape of its last steps; a scrape must see step 25.
+            d.call("POST", "/v1/runs", {"run": {"steps": 25, "run_id": run_id, "sample_every": 25}, "data": {"eval_size": 20},
+                                        "telemetry": {"linger_s": 1}})
         d.wait_status("second", {"completed"})
         assert wait_for(lambda: not query('count(grpo_step{run_id="second"} offset 1s)') == [], 30, 0.2)
         time.sleep(1)  # a few idle scrapes after the last run
