@@ -286,6 +286,38 @@ def test_a_failing_sink_never_stops_training(tmp_path, demo_dir, monkeypatch):
     assert summary["status"] == "completed" and summary["telemetry_errors"] == 2
 
 
+def test_traces_of_trls_completions_reach_langfuse_linked_from_the_record(tmp_path, demo_dir, monkeypatch):
+    """Keys in the environment, a Langfuse-protocol server (tests/langfuse_server.py): TRL's training
+    completions, with wrapped rewards, arrive as generations of the run's session, scored, and the
+    record names the traces the server received."""
+    from langfuse_server import FakeLangfuse
+
+    server = FakeLangfuse()
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-lf-test")
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-lf-test")
+    monkeypatch.setenv("LANGFUSE_BASE_URL", server.url)
+    monkeypatch.setenv("LANGFUSE_FLUSH_INTERVAL", "0.2")
+    try:
+        cb = SentinelCallback(out_dir=tmp_path / "runs", run_id="traced", telemetry={"prometheus": False},
+                              traces={"train_every": 2})
+        trainer = trl_run.trainer(demo_dir, tmp_path / "out", cb, SentinelCallback.wrap_rewards([trl_run.correct]),
+                                  max_steps=4)
+        trainer.train()
+        traces = server.traces()
+    finally:
+        server.close()
+    assert traces, "no trace reached the server"
+    assert all(sp["attributes"]["session.id"] == "traced" for spans in traces.values() for sp in spans)
+    names = {spans[0]["attributes"]["langfuse.trace.name"] for spans in traces.values()}
+    assert {n.rsplit(" group", 1)[0] for n in names} == {"train step 2", "train step 4"}
+    gens = [sp for spans in traces.values() for sp in spans if sp["attributes"]["langfuse.observation.type"] == "generation"]
+    prompts = {r["prompt"] for r in trl_run.rows(200)}
+    assert gens and all(g["attributes"]["langfuse.observation.input"] in prompts for g in gens)  # TRL's own prompts
+    assert {sc["observationId"] for sc in server.scores} == {g["span_id"] for g in gens}
+    listed = [t for r in records(tmp_path / "runs" / "traced" / "steps.csv") for t in r["trace_ids"].split()]
+    assert listed and set(listed) <= set(traces)
+
+
 # -- the mapping (trl_stats), on plain values -----------------------------------------------------
 
 
