@@ -272,12 +272,19 @@ class _Client:
     lost: int = 0  # ... counted as lost at a bounded flush that left them undelivered
 
 
-_CLIENTS: dict[tuple[str, str], _Client] = {}
+# One per public key: the Langfuse SDK keeps one client per public key and process, bound to the host
+# it was first made with, whatever a later Langfuse(...) is given.
+_CLIENTS: dict[str, tuple[str, _Client]] = {}
 
 
 def _client(creds: Credentials, cfg: TracesSettings, span_exporter=None) -> _Client:
-    key = (creds.public_key, creds.base_url)
-    if key not in _CLIENTS:
+    key = creds.public_key
+    if key in _CLIENTS:
+        host, client = _CLIENTS[key]
+        if host != creds.base_url:
+            log.warning("Langfuse: this process already sends traces for this public key to %s; the SDK keeps that "
+                        "host, so traces go there, not to %s (use another key, or another process)", host, creds.base_url)
+    else:
         from langfuse import Langfuse
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -294,8 +301,8 @@ def _client(creds: Credentials, cfg: TracesSettings, span_exporter=None) -> _Cli
                       tracer_provider=provider, span_exporter=exporter, timeout=max(1, math.ceil(cfg.flush_timeout_s)),
                       mask=(lambda data: _redact(data, patterns)) if patterns else None)
         atexit.unregister(lf._resources.shutdown)  # its exit-time flush has no timeout; close() bounds ours
-        _CLIENTS[key] = _Client(lf, provider, exporter, link)
-    return _CLIENTS[key]
+        _CLIENTS[key] = (creds.base_url, _Client(lf, provider, exporter, link))
+    return _CLIENTS[key][1]
 
 
 def _redact(data, patterns: list[re.Pattern]):

@@ -143,6 +143,17 @@ def test_the_mask_redacts_before_anything_leaves_the_process(langfuse):
 # ---------------------------------------------------------------------------------------------
 # A real training run over the wire
 
+def test_a_second_host_for_the_same_key_in_one_process_is_said_not_silently_ignored(caplog):
+    """The SDK binds a public key to the first host it was used with; a sink for another host says where
+    its traces really go."""
+    first = TraceSink(TracesSettings(), Credentials("pk-lf-hosts", "sk", "http://127.0.0.1:9"), span_exporter=InMemorySpanExporter())
+    second = TraceSink(TracesSettings(), Credentials("pk-lf-hosts", "sk", "http://127.0.0.1:10"), span_exporter=InMemorySpanExporter())
+    first.close(), second.close()
+    said = [r.getMessage() for r in caplog.records if "already sends traces" in r.getMessage()]
+    assert said == ["Langfuse: this process already sends traces for this public key to http://127.0.0.1:9; the SDK "
+                    "keeps that host, so traces go there, not to http://127.0.0.1:10 (use another key, or another process)"]
+
+
 KEYS = {"LANGFUSE_PUBLIC_KEY": "pk-lf-test", "LANGFUSE_SECRET_KEY": "sk-lf-test"}
 ARGS = ["--steps", "10", "--set", "run.sample_every=5", "--set", "data.eval_size=12", "--set", "telemetry.prometheus=false",
         "--set", "traces.project_id=proj", "--set", "run.checkpoint_every=5"]
