@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 log = logging.getLogger("grpo_sentinel")
 
 EXIT_BAD_INPUT = 2
+EXIT_DISK = 74  # as the trainer's (service/trainer.py, which imports torch): a full disk, here at start-up
 
 
 class Progress:
@@ -120,7 +122,10 @@ def telemetry_sinks(cfg) -> list:
     from grpo_sentinel.telemetry.otel import OTelSink, otlp_exporter_from_env
 
     t = cfg.telemetry
-    otlp = otlp_exporter_from_env()
+    try:
+        otlp = otlp_exporter_from_env()
+    except ValueError as e:  # an OTEL_* variable it cannot use: bad input, before the model loads
+        raise ConfigError(str(e)) from None
     if not t.prometheus and otlp is None:
         return []
     addr = (t.prometheus_host, t.prometheus_port) if t.prometheus else None
@@ -203,11 +208,13 @@ def _train(args) -> int:
                 run.update_summary(metrics_port=metrics[0].prometheus_port)
             signals.check()
         except (ConfigError, DataError, RunDirError, SetupError, OSError) as e:
+            full = isinstance(e, OSError) and e.errno == errno.ENOSPC  # not bad input: free space, run again
             if main:
-                print(f"grpo-sentinel: {e}", file=sys.stderr)
+                print(f"grpo-sentinel: {e}" + (": free space, then run the same command again" if full else ""),
+                      file=sys.stderr)
             if run is not None and (dist is None or dist.main):
                 run.discard()  # a failed start leaves no half-made run directory behind
-            return EXIT_BAD_INPUT
+            return EXIT_DISK if full else EXIT_BAD_INPUT
         signals.trainer = trainer
         result = trainer.loop()
     except Interrupted as e:

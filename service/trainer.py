@@ -45,10 +45,10 @@ from grpo_sentinel.telemetry.traces import TraceSink
 
 log = logging.getLogger(__name__)
 
-# Exit codes (README, "Crashes, preemption, bad numbers"): 75 = EX_TEMPFAIL, run me again with --resume;
+# Exit codes (README, "Crashes, preemption, bad input"): 75 = EX_TEMPFAIL, run me again with --resume;
 # 74 = EX_IOERR, the disk is full: free space, then --resume.
 EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
-EXIT_BAD_INPUT, EXIT_DISK = 2, 74
+EXIT_DISK = 74  # the disk is full (a free-space problem, not bad input)
 
 
 class DiskFull(RuntimeError):

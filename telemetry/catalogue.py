@@ -211,8 +211,6 @@ CATALOGUE: list[Metric] = [
            observed=True),
 ]
 
-BY_NAME = {m.name: m for m in CATALOGUE}
-
 
 @dataclass(frozen=True)
 class DaemonMetric:
@@ -250,7 +248,7 @@ def markdown() -> str:
         "pushed over OTLP (instrument names). Every series carries the run id as the `run_id` label (consecutive",
         "runs of one daemon never share a series) and `otel_scope_*` labels: aggregate with",
         "`sum by (le)` / `sum without (otel_scope_name, otel_scope_version)`. The run's resource",
-        "(`service.name`, `service.instance.id`, `grpo.run_id`, `grpo.model`, `grpo.loss_type`) is in `target_info`.",
+        "(`service.name`, `service.instance.id`, `grpo.run_id`, `grpo.model`, `grpo.loss_type`, `grpo.world_size`) is in `target_info`.",
         "",
         "Histograms drop negative and non-finite values in the OTel SDK, so signed signals (advantages, the",
         "loss) are per-step gauges and advantages also a histogram of |A|; a histogram value that is negative or",

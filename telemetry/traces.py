@@ -36,7 +36,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class Links:
 @dataclass(frozen=True)
 class Credentials:
     public_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)  # never printed, not even in a traceback's locals
     base_url: str
 
 
@@ -343,7 +343,6 @@ class TraceSink:
         self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=64)
         self._worker = threading.Thread(target=self._drain, name="grpo-traces", daemon=True)
         self.info: RunInfo | None = None
-        self.sent = 0  # traces handed to the SDK by this sink
 
     # -- StepSink ------------------------------------------------------------------------------
 
@@ -415,7 +414,6 @@ class TraceSink:
         scores: list[dict] = []
         for ref in s.traces:
             scores += self._train(s, ref) if ref.kind == "train" else self._eval(s, ref)
-            self.sent += 1
         self._post(scores)
 
     def _context(self, s: StepStats, kind: str, name: str, extra: dict[str, str]):

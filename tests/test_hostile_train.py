@@ -168,6 +168,14 @@ def test_bad_input_is_refused_with_a_message_and_leaves_nothing_behind(case, tmp
     assert len(p.stderr.strip().splitlines()) <= 3, p.stderr  # one message, not a log dump
 
 
+def test_an_otlp_protocol_it_cannot_speak_is_bad_input(tmp_path, demo_dir):
+    out = tmp_path / "runs"
+    p = train("--out", str(out), "--set", "run.run_id=r", "--steps", "2", *FAST,
+              env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+    refused(p, 2, "OTEL_EXPORTER_OTLP_PROTOCOL='http/json': use 'grpc' or 'http/protobuf'")
+    assert not (out / "r").exists()
+
+
 def test_a_cut_prompt_is_counted_when_truncation_is_asked_for(tmp_path, demo_dir):
     m = local_model(tmp_path, demo_dir)
     d = jsonl(tmp_path / "d.jsonl", [*rows(40), {"prompt": "1+" * 1001 + "1=", "answer": "1002"}])
@@ -298,6 +306,19 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path
         newest = checkpoint.latest(disk / "r" / "checkpoints")
         assert newest is not None and newest.step == summary["step"] >= 1  # complete, verified, and the resume point
         assert not list((disk / "r" / "checkpoints").glob(".tmp-*"))  # the failed write gave its space back
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
+def test_a_disk_already_full_at_start_up_is_74_and_keeps_nothing(tmp_path, demo_dir):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:  # two 4 KiB pages: the run directory's first files do not fit
+        p = train("--out", str(disk), "--set", "run.run_id=r", "--steps", "2", *FAST)
+        refused(p, 74, "No space left on device", "free space, then run the same command again")
+        assert not (disk / "r").exists()
     finally:
         subprocess.run(["umount", str(disk)])
 

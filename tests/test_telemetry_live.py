@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_RULES, answers, cli, free_port, installed, new_run, query_range, wait_for
+from conftest import cli, free_port, new_run, query_range
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
 

@@ -17,7 +17,6 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from conftest import cli, free_port, wait_for
-from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
 from grpo_sentinel.telemetry.traces import Credentials, TraceSink, plan, trace_id

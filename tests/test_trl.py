@@ -270,6 +270,29 @@ def test_a_trainer_config_it_cannot_read_fails_before_training(tmp_path):
         cb.on_train_begin(silent, TrainerState(), TrainerControl())
 
 
+def test_a_train_that_raised_is_closed_as_failed_and_the_next_one_is_whole(tmp_path, demo_dir):
+    """transformers calls no on_train_end when train() raises: the next train() with the same callback
+    closes that run as failed, then gets its own /metrics, record and monitor."""
+    calls = []
+
+    def correct(prompts, completions, answer, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("grader down")
+        return trl_run.correct(prompts, completions, answer)
+
+    cb = SentinelCallback(out_dir=tmp_path / "runs", telemetry={"prometheus_port": 0})
+    with pytest.raises(RuntimeError, match="grader down"):
+        trl_run.trainer(demo_dir, tmp_path / "out1", cb, [correct], max_steps=4).train()
+    trl_run.trainer(demo_dir, tmp_path / "out2", cb, [correct], max_steps=3).train()
+    first, second = sorted((tmp_path / "runs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["step"] == 2 and "raised" in summary["reason"]
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["telemetry_errors"] == 0  # its sinks and monitor started
+    assert [r["step"] for r in records(second / "steps.csv")] == ["1", "2", "3"]
+
+
 def test_a_failing_sink_never_stops_training(tmp_path, demo_dir, monkeypatch):
     """The record's disk fails at every row: TRL still trains to the end; the summary counts the failures."""
     from grpo_sentinel.telemetry.record import RunRecord
@@ -377,3 +400,15 @@ def test_samples_give_the_split_and_the_lengths():
     assert stats.train_acc == 0.5 and stats.response_len_correct == 2 and stats.response_len_wrong == 4
     assert stats.tokens_per_s == 12 / 2.0 and x.truncated.tolist() == [False, False, False, True]
     assert x.prompts == ("a", "b") and x.answers == ("1", "2") and {"kl", "entropy"} <= x.unmeasured
+
+
+def test_a_completion_the_verifier_gave_none_is_neither_right_nor_wrong():
+    # Group 1: one wrong, one unjudged (correct = None), both fmt 1: combined 0.5 and 0.5, no signal, but
+    # not all-wrong. Group 2: both right.
+    gen = trl_stats.Generation(prompts=["a", "a", "b", "b"], completions=["3", "?", "1", "1"], answers=["2"] * 2 + ["1"] * 2,
+                               lengths=[2, 5, 2, 2], last_tokens=[0, 0, 0, 0],
+                               rewards={"correct": [0.0, None, 1.0, 1.0], "fmt": [1.0, 1.0, 1.0, 1.0]})
+    x = trl_stats.samples([gen], setup())
+    stats = trl_stats.step_stats(1, {"loss": 0.0}, setup(), 1, x)
+    assert stats.frac_zero_std == 1.0 and stats.frac_zero_std_correct == 0.5 and stats.frac_zero_std_wrong == 0.0
+    assert stats.train_acc == 2 / 3 and stats.response_len_wrong == 2 and stats.response_len_correct == 2

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from grpo_sentinel.service.config import Config
+from grpo_sentinel.service.daemon.serve import TOKEN_ENV
 from grpo_sentinel.service.runs import RunDir, RunDirError
 from grpo_sentinel.telemetry.catalogue import DAEMON
 
@@ -214,8 +215,10 @@ class Supervisor:
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *cmd]
         cmd = [sys.executable, *cmd]
         with (run_dir / "train.log").open("ab") as out:
+            # The API token is the daemon's: a run (and the reward code it imports) never needs it.
+            env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(os.getpid()),
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**env, "PYTHONUNBUFFERED": "1"})
         with self._lock:
             self.child = Child(run_id, proc)
         log.info("run %s: training on %d rank(s) (pid %d, log %s)", run_id, n, proc.pid, run_dir / "train.log")

@@ -702,7 +702,6 @@ def correctness(c: _Ctx) -> None:
     alarm = (s >= c.th.cusum_h) & (ma < peak)
     has_aux = c.has("reward_aux")
     if has_aux:
-        aux = c.s["reward_aux"]
         aux_ma = c.ma("reward_aux", w2)
         aux_se = c.sd("reward_aux", w2) / math.sqrt(w2)
         holds = aux_ma >= _shift(aux_ma, w2) - 2 * math.sqrt(2) * aux_se  # not falling beyond its noise

@@ -151,7 +151,7 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence}{_generations(c.generations)} "
                 f"| {c.cause} | {c.action} |" for c in diag.conditions]
     out += ["", "## Lead time", "", lead_words(lead_time(diag, log, th)) + ".", "",
-            f"Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
+            "Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
             "evaluations: the reward's moving mean); the lead is the damage step minus the first critical verdict's."]
     if diag.not_assessable:
         out += ["", "Not assessable from this log:", ""]

@@ -367,8 +367,13 @@ class SentinelCallback(TrainerCallback):
     # -- TRL's events (every rank) ------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if self._run is not None:  # the previous train() raised: transformers calls no on_train_end then
+            self._run.close(self._run.last_logged, "failed", "trainer.train() raised; the record holds the rows "
+                                                             "logged before")
+            self._release()
         problems = _config_problems(args)
         if problems:
+            self._release()  # nothing will train: give /metrics' port back
             raise SentinelSetupError("SentinelCallback cannot read this trainer's config:\n"
                                      + "\n".join(f"  - {p}" for p in problems))
         _RECORDER.start()
@@ -402,8 +407,14 @@ class SentinelCallback(TrainerCallback):
         _RECORDER.listening = False
         if self._run is not None:
             self._run.close(state.global_step)
-            self._run = self._otel = None
-            self._prepared = False
+            self._release()
+
+    def _release(self) -> None:
+        """Forget this process's run and unbind /metrics; the next train() prepares again."""
+        if self._otel is not None:
+            self._otel.close()  # a no-op when the run's close already closed it
+        self._run = self._otel = None
+        self._prepared = False
 
 
 class _Run:
@@ -576,9 +587,9 @@ class _Run:
             self.monitor.baseline(base.eval.sample_acc)
         self.baseline = _accuracy(base.eval)
 
-    def _guarded(self, fn, *args) -> None:
+    def _guarded(self, fn, *args, **kwargs) -> None:
         try:
-            fn(*args)
+            fn(*args, **kwargs)
         except Exception:  # noqa: BLE001 - one sink's failure must not stop the others, or training
             self.errors += 1
             if self.errors == 1:
@@ -616,7 +627,7 @@ class _Run:
         self.closed = True
         atexit.unregister(self._exit)
         if self.pending is not None:
-            self._emit(self.pending)
+            self._guarded(self._emit, self.pending)
             self.pending = None
         if self.record is not None:
             self._guarded(self.record.point)  # the open window's curve row
@@ -625,12 +636,13 @@ class _Run:
             self._guarded(sink.close)
         status = {"stop": "stopped_early", "halt": "halted"}.get(self.action) or status or "completed"
         reason = reason or (f"health.{self.action}_on: {self.because}" if self.action else "")
-        self._summary(status=status, step=step, reason=reason, seconds_this_session=round(time.monotonic() - self.t0, 1),
-                      baseline=self.baseline, final_eval=self.final_eval, final_eval_step=self.final_eval_step,
+        self._guarded(self._summary, status=status, step=step, reason=reason,
+                      seconds_this_session=round(time.monotonic() - self.t0, 1), baseline=self.baseline,
+                      final_eval=self.final_eval, final_eval_step=self.final_eval_step,
                       invalid_rewards=self.invalid_rewards, health_conditions=self.conditions,
                       telemetry_dropped=DROPS.report(), telemetry_errors=self.errors,
                       trl_keys_not_recorded=self.unrecorded, trl_train=self.trl_train)
-        runfiles.event(self.dir / "events.jsonl", "ended", status=status, step=step, reason=reason)
+        self._guarded(runfiles.event, self.dir / "events.jsonl", "ended", status=status, step=step, reason=reason)
 
     def _exit(self) -> None:
         """At interpreter exit inside trainer.train() (an exception, a signal): close with what was logged."""

@@ -195,14 +195,15 @@ def _from_samples(x: Samples, setup: Setup, step_time: float, steps_in_row: int)
     if math.isfinite(step_time) and step_time > 0 and steps_in_row:
         out["tokens_per_s"] = float(x.length.sum() / (step_time * steps_in_row))
     if "correct" not in x.unmeasured:
+        # A completion the correctness function gave None is neither right nor wrong: only judged ones count.
         judged = ~np.isnan(x.components[setup.correctness])
-        ok, length = x.correct, x.length
-        groups = ok.reshape(-1, setup.group_size)
-        out.update(frac_zero_std_correct=float((zero & groups.all(1)).mean()),
-                   frac_zero_std_wrong=float((zero & ~groups.any(1)).mean()),
+        ok, wrong, length = x.correct, judged & ~x.correct, x.length
+        by_group = lambda v: v.reshape(-1, setup.group_size).all(1)  # noqa: E731
+        out.update(frac_zero_std_correct=float((zero & by_group(ok)).mean()),
+                   frac_zero_std_wrong=float((zero & by_group(wrong)).mean()),
                    train_acc=float(ok[judged].mean()) if judged.any() else math.nan,
                    response_len_correct=float(length[ok].mean()) if ok.any() else math.nan,
-                   response_len_wrong=float(length[~ok].mean()) if (~ok).any() else math.nan)
+                   response_len_wrong=float(length[wrong].mean()) if wrong.any() else math.nan)
     return out
 
 
