@@ -196,15 +196,25 @@ def test_sigterm_checkpoints_the_run_and_exits_0_within_the_grace_and_the_next_s
     assert d.run("g")["attempt"] == 2 and [r["step"] for r in steps_of(record)][:done + 1] == [str(s) for s in range(1, done + 2)]
 
 
-def test_beyond_loopback_a_token_is_required(daemons, tmp_path):
+def test_beyond_loopback_a_token_is_required(daemons, tmp_path, demo_dir):
     refused = subprocess.run(cli("serve", "--listen", f"0.0.0.0:{free_port()}", "--state-dir", str(tmp_path / "s")),
                              capture_output=True, text=True, timeout=60, env={**os.environ, "GRPO_SENTINEL_API_TOKEN": ""})
     assert refused.returncode == 2 and "set GRPO_SENTINEL_API_TOKEN" in refused.stderr
-    d = daemons(host="0.0.0.0", env={"GRPO_SENTINEL_API_TOKEN": "s3cret"}).ready()
+    # A reward function of the user's (imported by the run's process) that writes down what it can see.
+    (tmp_path / "envprobe.py").write_text("import os, pathlib\n\ndef reward(completion, answer, prompt):\n"
+                                          "    pathlib.Path(os.environ['PROBE']).write_text(os.environ.get("
+                                          "'GRPO_SENTINEL_API_TOKEN', '<absent>'))\n    return 0.0\n")
+    d = daemons(host="0.0.0.0", env={"GRPO_SENTINEL_API_TOKEN": "s3cret", "PYTHONPATH": str(tmp_path),
+                                     "PROBE": str(tmp_path / "probe.txt")}).ready()
     assert d.call("GET", "/v1/runs")[0] == 401
     assert d.call("GET", "/v1/runs", token="wrong")[0] == 401
     assert d.call("GET", "/v1/runs", token="s3cret") == (200, [])
     assert d.call("GET", "/healthz")[0] == 200 and d.call("GET", "/readyz")[0] == 200  # probes stay open
+    run = {"run": {"steps": 1, "run_id": "t"}, "data": {"eval_size": 20},
+           "rewards": [{"name": "correct"}, {"name": "envprobe:reward", "weight": 0}]}
+    assert d.call("POST", "/v1/runs", run, token="s3cret")[0] == 201
+    assert wait_for(lambda: d.call("GET", "/v1/runs/t", token="s3cret")[1].get("status") == "completed", 600, 0.2)
+    assert (tmp_path / "probe.txt").read_text() == "<absent>"  # the token is the daemon's, never the run's
     assert "s3cret" not in d.output()
 
 
