@@ -39,7 +39,7 @@ from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
 from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
-from grpo_sentinel.telemetry.interface import StepSink
+from grpo_sentinel.telemetry.interface import StepSink, annotate, record_baseline
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Scales, StepStats
 from grpo_sentinel.telemetry.traces import TraceSink
 
@@ -284,13 +284,7 @@ class Trainer:
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
             self.state.baseline = self.state.last_eval = ev.accuracy()
-            base = StepStats.partial(0, eval=ev)
-            if self.traces:
-                base = replace(base, traces=self.traces.plan(base))
-                self.traces.on_step(base)
-            self.record.write_baseline(base)
-            if self.monitor:
-                self.monitor.baseline(ev.sample_acc)
+            record_baseline(StepStats.partial(0, eval=ev), self.record, self.monitor, self.traces)
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
         self._t0 = time.monotonic()
         return True
@@ -322,14 +316,11 @@ class Trainer:
         """Rank 0, after a step: the health verdict, the record and every sink; then (final status or
         None, checkpoint now?)."""
         cfg, st = self.cfg, self.state
-        verdict = self.monitor.observe(stats) if self.monitor else None
+        stats, verdict = annotate(stats, self.monitor, self.traces)
         if verdict is not None:
-            stats = verdict.stamp(stats)
             self._healthy = not verdict.critical
             for c in verdict.new:
                 st.conditions.setdefault(c.id, c.first_step)
-        if self.traces:
-            stats = replace(stats, traces=self.traces.plan(stats))
         for sink in self.sinks:
             self._disk(sink.on_step, stats)
         if st.consecutive_faults >= cfg.run.max_consecutive_faults:

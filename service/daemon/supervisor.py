@@ -180,10 +180,8 @@ class Supervisor:
         return RunDir(self.runs_dir / run_id) if run_id in self._order else None
 
     def status(self, run_id: str) -> str:
-        try:
-            return RunDir(self.runs_dir / run_id).read_summary().get("status", "queued")
-        except RunDirError:
-            return "failed"
+        summary = self._summary(run_id)
+        return "failed" if summary is None else summary.get("status", "queued")  # unreadable: not runnable
 
     # -- the worker ----------------------------------------------------------------------------
 
@@ -279,16 +277,17 @@ class Supervisor:
         # order, never dropped.
         known = set(order)
         found = [d.name for d in self.runs_dir.iterdir() if d.is_dir() and (d / "config.yaml").is_file() and d.name not in known]
-        found.sort(key=lambda r: self._submitted(r))
+        found.sort(key=lambda r: (self._summary(r) or {}).get("submitted_at", ""))
         if found and path.exists():
             log.warning("runs not in the queue file, added in submission order: %s", ", ".join(found))
         return [r for r in order if (self.runs_dir / r).is_dir()] + found
 
-    def _submitted(self, run_id: str) -> str:
+    def _summary(self, run_id: str) -> dict | None:
+        """The run's summary.json; None when it is corrupt."""
         try:
-            return RunDir(self.runs_dir / run_id).read_summary().get("submitted_at", "")
+            return RunDir(self.runs_dir / run_id).read_summary()
         except RunDirError:
-            return ""
+            return None
 
     def _save_order(self) -> None:
         path = self.state_dir / "queue.json"

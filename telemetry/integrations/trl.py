@@ -51,6 +51,7 @@ from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
 from grpo_sentinel.telemetry.health.ingest import CORRECTNESS
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
+from grpo_sentinel.telemetry.interface import annotate, record_baseline
 from grpo_sentinel.telemetry.otel import OTelSink, otlp_exporter_from_env
 from grpo_sentinel.telemetry.record import RunRecord
 from grpo_sentinel.telemetry.schema import RunInfo, Scales, StepStats
@@ -556,13 +557,10 @@ class _Run:
 
     def _emit(self, stats: StepStats) -> str:
         """What the native trainer does after a step: verdict -> health fields -> traces -> every sink."""
-        verdict = self.monitor.observe(stats) if self.monitor else None
+        stats, verdict = annotate(stats, self.monitor, self.traces)
         if verdict is not None:
-            stats = verdict.stamp(stats)
             for c in verdict.new:
                 self.conditions.setdefault(c.id, c.first_step)
-        if self.traces:
-            stats = replace(stats, traces=self.traces.plan(stats))
         for sink in self.sinks:
             self._guarded(sink.on_step, stats)
         self.rows += 1
@@ -579,12 +577,7 @@ class _Run:
         return verdict.action
 
     def _baseline(self, base: StepStats) -> None:
-        if self.traces:
-            base = replace(base, traces=self.traces.plan(base))
-            self.traces.on_step(base)
-        self.record.write_baseline(base)
-        if self.monitor:
-            self.monitor.baseline(base.eval.sample_acc)
+        record_baseline(base, self.record, self.monitor, self.traces)
         self.baseline = _accuracy(base.eval)
 
     def _guarded(self, fn, *args, **kwargs) -> None:
