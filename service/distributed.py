@@ -108,6 +108,13 @@ class Dist:
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
+            # Leave together: a rank that destroys the group while a peer still talks to it can abort in
+            # gloo's teardown (std::terminate, exit -6 instead of its own code). A peer that is gone
+            # answers at once (connection closed): nothing to wait for then.
+            try:
+                dist.barrier()
+            except RuntimeError:
+                pass
             dist.destroy_process_group()
 
 
