@@ -69,6 +69,11 @@ def main() -> None:
     t.train()
     print(json.dumps({"rank": int(os.environ["RANK"]), "metrics_port": served, "step": t.state.global_step,
                       "run_dir": str(cb.run_dir) if cb.run_dir else None}), flush=True)
+    # Leave without tearing gloo down: its teardown races on 2 loaded cores, whatever the script does (seen
+    # here). Exit with the group alive and it can abort (SIGABRT, pytorch#190489); destroy it (trainer.end())
+    # and DDP's reducer, freed with the GIL held, joins a gloo worker that waits for the GIL to free the
+    # last collective's tensors (a hang). The run is closed and this rank's line printed: nothing is lost.
+    os._exit(0)
 
 
 if __name__ == "__main__":
