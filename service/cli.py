@@ -20,7 +20,6 @@ from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 log = logging.getLogger("grpo_sentinel")
 
 EXIT_BAD_INPUT = 2
-EXIT_DISK = 74  # as the trainer's (service/trainer.py, which imports torch): a full disk, here at start-up
 
 
 class Progress:
@@ -172,7 +171,7 @@ def _train(args) -> int:
     signals = Signals()  # first: a signal while anything loads must still end in a message and a summary
     from grpo_sentinel.service.config import SetupError
     from grpo_sentinel.service.data import DataError
-    from grpo_sentinel.service.runs import Interrupted, RunDir, RunDirError
+    from grpo_sentinel.service.runs import EXIT_DISK, Interrupted, RunDir, RunDirError
 
     # Under torchrun every rank runs this; rank 0 alone speaks, takes the run directory and reports.
     main = os.environ.get("RANK", "0") == "0"

@@ -108,9 +108,10 @@ class Dist:
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
-            # Leave together: a rank that destroys the group while a peer still talks to it can abort in
-            # gloo's teardown (std::terminate, exit -6 instead of its own code). A peer that is gone
-            # answers at once (connection closed): nothing to wait for then.
+            # Leave together, then destroy the group before exit: gloo's teardown races with its worker
+            # threads (a rank exiting with the group alive can abort, exit -6 instead of its own code:
+            # pytorch#190489, seen once in CI before this); none since in 132 loaded 2-rank runs. A peer that
+            # is gone answers the barrier at once (connection closed): nothing to wait for then.
             try:
                 dist.barrier()
             except RuntimeError:

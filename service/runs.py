@@ -35,6 +35,11 @@ RESUMABLE = ("run.steps", "run.sample_every", "run.checkpoint_every", "run.keep_
              "grpo.reward_workers", "telemetry.", "health.", "traces.", "distributed.")
 
 
+# 74 = EX_IOERR: the disk under the run directory is full (free space, then run again / --resume). Here,
+# with the run directory, so that the CLI gives it at start-up without importing the trainer (torch).
+EXIT_DISK = 74
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used as asked; the message says why and what to do."""
 

@@ -198,9 +198,11 @@ def _from_samples(x: Samples, setup: Setup, step_time: float, steps_in_row: int)
         # A completion the correctness function gave None is neither right nor wrong: only judged ones count.
         judged = ~np.isnan(x.components[setup.correctness])
         ok, wrong, length = x.correct, judged & ~x.correct, x.length
-        by_group = lambda v: v.reshape(-1, setup.group_size).all(1)  # noqa: E731
-        out.update(frac_zero_std_correct=float((zero & by_group(ok)).mean()),
-                   frac_zero_std_wrong=float((zero & by_group(wrong)).mean()),
+        def whole_group(v):  # [N] -> [N / G]: every completion of the group
+            return v.reshape(-1, setup.group_size).all(1)
+
+        out.update(frac_zero_std_correct=float((zero & whole_group(ok)).mean()),
+                   frac_zero_std_wrong=float((zero & whole_group(wrong)).mean()),
                    train_acc=float(ok[judged].mean()) if judged.any() else math.nan,
                    response_len_correct=float(length[ok].mean()) if ok.any() else math.nan,
                    response_len_wrong=float(length[wrong].mean()) if wrong.any() else math.nan)
