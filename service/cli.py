@@ -90,12 +90,19 @@ def main(argv: list[str] | None = None) -> int:
                             "group_by=job,instance,run_id (the labels every rule aggregates by), or any "
                             "detector threshold, e.g. kl_bound=0.5 (repeatable; each is checked against its domain)")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
-    serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start)")
+    serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start, "
+                                                        "reward_modules, allowed_paths, limits)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="API address (default 127.0.0.1:8000; beyond loopback "
                                                              "GRPO_SENTINEL_API_TOKEN is required)")
     serve.add_argument("--state-dir", type=Path, help="queue and run directories (default ./grpo-state)")
     serve.add_argument("--grace-s", type=float, help="seconds from SIGTERM to exit (default 30)")
     serve.add_argument("--run-at-start", type=Path, metavar="FILE", help="a run config queued at the first start")
+    serve.add_argument("--reward-module", dest="reward_modules", action="append", metavar="MODULE",
+                       help="a module (with its submodules) whose functions submitted runs may use as rewards "
+                            "(repeatable; default: the built-ins only)")
+    serve.add_argument("--allow-path", dest="allowed_paths", action="append", type=Path, metavar="DIR",
+                       help="a directory submitted model and data paths may lie under (repeatable; default: the "
+                            "directory the daemon starts in)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
@@ -158,6 +165,12 @@ class Signals:
         log.warning("received %s: finishing the current step (send it again to stop at once)", name)
         self.trainer.request_stop(name)
 
+    def finished(self) -> None:
+        """The run's final summary is written: a signal now (a daemon's rolling update in the second the
+        process takes to exit) must not turn a finished run into an interrupted one, trained again."""
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+
     def check(self) -> None:
         """Interrupt if a signal came outside the loop. Called again at the points where loading ends:
         the handler's exception may land inside a library's bare `except:` (an import fallback) and be lost."""
@@ -171,7 +184,7 @@ def _train(args) -> int:
     signals = Signals()  # first: a signal while anything loads must still end in a message and a summary
     from grpo_sentinel.service.config import SetupError
     from grpo_sentinel.service.data import DataError
-    from grpo_sentinel.service.runs import EXIT_DISK, Interrupted, RunDir, RunDirError
+    from grpo_sentinel.service.runs import EXIT_DISK, FINISHED, Interrupted, RunDir, RunDirError
 
     # Under torchrun every rank runs this; rank 0 alone speaks, takes the run directory and reports.
     main = os.environ.get("RANK", "0") == "0"
@@ -186,6 +199,9 @@ def _train(args) -> int:
                 cfg = RunDir.resume_config(args.resume, args.overrides, args.steps)  # read-only, on every rank
             else:
                 cfg = load_config(args.config, args.overrides, **{"run.steps": args.steps, "run.out_dir": args.out})
+            from grpo_sentinel.service.launch import check_launch
+
+            check_launch(cfg)  # model, data and rewards are there: before the run directory and the weights
             from grpo_sentinel.service.config import check_world_size
             from grpo_sentinel.service.distributed import from_env
 
@@ -216,11 +232,13 @@ def _train(args) -> int:
             return EXIT_DISK if full else EXIT_BAD_INPUT
         signals.trainer = trainer
         result = trainer.loop()
+        signals.finished()
     except Interrupted as e:
         if main and (run is None or run.discard()):
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         elif main:
-            run.update_summary(status="preempted", reason=str(e))  # the loop, if it ran, wrote its own summary first
+            if run.read_summary().get("status") not in FINISHED:  # the loop, if it ran, wrote its own summary first
+                run.update_summary(status="preempted", reason=str(e))
             print(f"grpo-sentinel: {e}; resume with --resume {run.path}", file=sys.stderr)
         return 75
     finally:

@@ -3,11 +3,19 @@
 Load order: defaults <- YAML file <- `--set a.b=c` overrides <- CLI flags. Every error is
 collected and reported together, each naming the field and, for a misspelt key, the closest
 valid one.
+
+Validation is pure: types, values and their combinations, nothing else. It never touches the
+filesystem and never imports a reward module, so the daemon can validate a submission and any
+reader can load a run's saved config (whose dataset may have moved since) without side effects.
+Whether a config can launch here (the model and data exist, the rewards import) is
+`service/launch.py`'s question, asked by the process that trains.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +25,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from grpo_sentinel.telemetry.settings import HealthSettings, Section, TelemetrySettings, TracesSettings, error_lines
 
 DEMO = "demo"  # model.path / data.path value that selects the embedded tiny model and task
+BUILTIN_REWARDS = ("correct", "format")  # service/rewards.py implements them
+SEED_LIMIT = 2**63  # seeds feed torch and numpy generators, which take unsigned 64-bit values at most
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ConfigError(ValueError):
@@ -33,7 +44,7 @@ class LoraSettings(Section):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA path.")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names that get adapters (Llama/Qwen2 naming).",
+        min_length=1, description="Module names that get adapters (Llama/Qwen2 naming).",
     )
 
 
@@ -45,19 +56,6 @@ class ModelSettings(Section):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'.")
     lora: LoraSettings = Field(default_factory=LoraSettings)
-
-    @field_validator("path")
-    @classmethod
-    def _model_dir_exists(cls, v: str) -> str:
-        if v != DEMO:
-            p = Path(v).expanduser()
-            if not p.is_dir():
-                raise ValueError(f"model directory {v!r} does not exist (use 'demo' for the embedded tiny model)")
-            if not (p / "config.json").is_file():
-                raise ValueError(f"{v!r} has no config.json: not a Hugging Face model directory")
-            if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
-                raise ValueError(f"{v!r} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
-        return v
 
 
 class DataSettings(Section):
@@ -74,17 +72,6 @@ class DataSettings(Section):
         "error", description="A longer prompt is a data error naming its line, or is cut to its last "
                              "max_prompt_tokens tokens (counted in summary.json)."
     )
-
-    @field_validator("path", "eval_path")
-    @classmethod
-    def _file_exists(cls, v: str | None) -> str | None:
-        if v is not None and v != DEMO:
-            p = Path(v).expanduser()
-            if p.is_dir():
-                raise ValueError(f"dataset {v!r} is a directory: give the JSONL file in it")
-            if not p.is_file():
-                raise ValueError(f"dataset file {v!r} does not exist")
-        return v
 
     @field_validator("prompt_template")
     @classmethod
@@ -107,24 +94,23 @@ class RewardSpec(Section):
 
     @field_validator("name")
     @classmethod
-    def _resolvable(cls, v: str) -> str:
-        from grpo_sentinel.service.rewards import BUILTIN, import_function
-
-        if v in BUILTIN:
+    def _well_formed(cls, v: str) -> str:
+        """A built-in or the shape of 'package.module:function'; whether it imports is a launch check."""
+        if v in BUILTIN_REWARDS or _FUNCTION.match(v):
             return v
         if ":" not in v:
-            close = difflib.get_close_matches(v, BUILTIN, n=1)
+            close = difflib.get_close_matches(v, BUILTIN_REWARDS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown reward {v!r}{hint}; built-ins: {sorted(BUILTIN)}, or 'module:function'")
-        import_function(v)
-        return v
+            raise ValueError(f"unknown reward {v!r}{hint}; built-ins: {sorted(BUILTIN_REWARDS)}, or 'module:function'")
+        raise ValueError(f"reward {v!r} is not 'package.module:function' (dotted Python names, one colon)")
 
 
 class GRPOSettings(Section):
     group_size: int = Field(8, ge=2, description="G: completions sampled per prompt (advantages need >= 2).")
     prompts_per_step: int = Field(8, gt=0, description="Prompts per optimizer step (batch = prompts_per_step * group_size).")
     max_new_tokens: int = Field(6, gt=0, description="Completion length cap; a completion without EOS by then is 'truncated'.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs in the loss use the same temperature.")
+    temperature: float = Field(1.0, ge=0.01, le=100, description="Sampling temperature; log-probs in the loss use the same "
+                                                                 "temperature (below 0.01 the scaled logits overflow).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     beta: float = Field(0.04, ge=0, description="KL coefficient (k3 to the adapter-disabled base). 0 skips the reference pass.")
     eps_low: float = Field(0.2, ge=0, description="Lower clip of the policy ratio (1 - eps_low).")
@@ -148,20 +134,27 @@ class GRPOSettings(Section):
 class OptimSettings(Section):
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW's (beta1, beta2), each in [0, 1).")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to 0 at the last step.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"each of AdamW's betas must be in [0, 1), e.g. [0.9, 0.99] (got {list(v)})")
+        return v
+
 
 class RunSettings(Section):
     steps: int = Field(300, gt=0, description="Optimizer steps in the run.")
-    seed: int = Field(0, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
     out_dir: str = Field("runs", description="Parent folder of run directories.")
     run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,100}$",
                                description="Run directory name (letters, digits, . _ -); default: timestamp + seed.")
     sample_every: int = Field(20, gt=0, description="Evaluate sample_acc on the held-out subset every N steps (and at 0).")
-    eval_seed: int = Field(1234, description="Sampling seed of the held-out evaluation (identical at every sampling point).")
+    eval_seed: int = Field(1234, ge=0, lt=SEED_LIMIT, description="Sampling seed of the held-out evaluation (identical at every sampling point).")
     checkpoint_every: int = Field(50, gt=0, description="Checkpoint every N steps (and at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest complete checkpoints kept on disk.")
     max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
@@ -189,10 +182,16 @@ class DistributedSettings(Section):
         return v
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of n in order, in O(sqrt n) (n may be large: this runs while a request waits)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def check_world_size(prompts_per_step: int, world: int) -> None:
     """Each rank trains whole prompts (a group is never split), so the world size must divide the global batch."""
     if prompts_per_step % world:
-        fits = [n for n in range(1, prompts_per_step + 1) if prompts_per_step % n == 0]
+        fits = divisors(prompts_per_step)[:12]
         raise ConfigError(f"grpo.prompts_per_step={prompts_per_step} cannot be split over {world} ranks (each rank "
                           f"takes whole prompts): use a world size that divides it ({', '.join(map(str, fits))}), "
                           "or change grpo.prompts_per_step")

@@ -35,6 +35,9 @@ RESUMABLE = ("run.steps", "run.sample_every", "run.checkpoint_every", "run.keep_
              "grpo.reward_workers", "telemetry.", "health.", "traces.", "distributed.")
 
 
+# How a run can end; a run with one of these in its summary is never trained again by itself.
+FINISHED = ("completed", "stopped_early", "halted", "stopped", "failed")
+
 # 74 = EX_IOERR: the disk under the run directory is full (free space, then run again / --resume). Here,
 # with the run directory, so that the CLI gives it at start-up without importing the trainer (torch).
 EXIT_DISK = 74
@@ -203,10 +206,23 @@ class RunDir:
         runfiles.event(self.path / "events.jsonl", kind, **fields)
 
     def events(self) -> list[dict]:
+        """The run's events; a torn or damaged line (a crash mid-append) becomes an `unreadable` event."""
         path = self.path / "events.jsonl"
-        if not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        try:
+            lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        except OSError as e:
+            return [{"event": "unreadable", "detail": f"{path.name}: {e.strerror or e}"}]
+        out = []
+        for n, line in enumerate(lines, 1):
+            try:
+                event = json.loads(line) if line.strip() else {}
+            except ValueError:
+                event = None
+            if not isinstance(event, dict):  # said in place of the line, so a reader sees the gap
+                event = {"event": "unreadable", "line": n, "detail": "not a JSON event (a torn write?): skipped"}
+            if event:
+                out.append(event)
+        return out
 
     # -- the lock ------------------------------------------------------------------------------
 

@@ -148,7 +148,8 @@ def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world
     vocab = policy.model.get_output_embeddings().weight.shape[0]
     max_reward = max(1.0, sum(max(r.weight, 0.0) for r in cfg.rewards))
     g = cfg.grpo
-    return RunInfo(run_id=run_dir.name, model=cfg.model.path, loss_type=g.loss_type,
+    # The model's name, not its path: the run info reaches open /metrics and traces.
+    return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type,
                    scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens),
                    attempt=attempt, world_size=world_size,
                    sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens})
@@ -250,9 +251,16 @@ class Trainer:
         start the sinks. False: the run has already finished; nothing to do."""
         cfg, dist = self.cfg, self.dist
         summary = self.run.read_summary() if dist.main else {}
-        done = dist.broadcast(summary.get("step", 0) if summary.get("status") == "completed" else -1)
+        ckpt = checkpoint.latest(self.run_dir / "checkpoints") if dist.main else None
+        # Done when the summary says so, or when a checkpoint already holds the last step whatever the
+        # summary says (a signal in the moment between the final summary and the exit): never a step more.
+        done = max(summary.get("step", 0) if summary.get("status") == "completed" else -1, ckpt.step if ckpt else -1)
+        done = dist.broadcast(done)
         if done >= cfg.run.steps:
             log.info("run %s already finished at step %d; nothing to do", self.run_dir, done)
+            if dist.main and summary.get("status") != "completed":
+                self.run.update_summary(status="completed", step=done, reason="")
+                self.run.event("ended", status="completed", step=done, reason="found finished at a restart")
             self.state.step = done
             return False
         for note in self.data.notes if dist.main else ():
@@ -265,7 +273,7 @@ class Trainer:
                                  f"model's context of {source.context} tokens")
             self.data = fit_prompts(self.data, source.tokenizer, limit, cfg.data.long_prompts)
         self.policy = build_policy(cfg, source, dist)
-        resumed = self._restore()
+        resumed = self._restore(ckpt)
         if not dist.main:
             return True
         # Each start is the next attempt, recorded before anything is traced: trace ids carry it, so a
@@ -432,9 +440,8 @@ class Trainer:
             self.traces.flush()
         return True
 
-    def _restore(self) -> bool:
+    def _restore(self, ckpt: checkpoint.Checkpoint | None) -> bool:
         """Every rank loads the newest complete checkpoint rank 0 found (whatever world size wrote it)."""
-        ckpt = checkpoint.latest(self.run_dir / "checkpoints") if self.dist.main else None
         ckpt = self.dist.broadcast(ckpt)
         if ckpt is None:
             return False

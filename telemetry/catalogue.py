@@ -223,7 +223,8 @@ class DaemonMetric:
 
 DAEMON = [
     DaemonMetric("grpo_runs", "gauge", "Runs known to the daemon, by status (attribute `status`: queued, running, "
-                                       "completed, stopped_early, halted, preempted, stopped, failed)."),
+                                       "completed, stopped_early, halted, preempted, stopped, failed, damaged: its summary "
+                                       "cannot be read)."),
     DaemonMetric("grpo_runs_finished_total", "counter", "Runs that ended, by how (attribute `status`; failed: see the "
                                                          "run's error)."),
 ]

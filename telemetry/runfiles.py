@@ -5,6 +5,7 @@ it) and `events.jsonl` (append-only history).
 
 from __future__ import annotations
 
+import errno
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,8 +30,18 @@ def read_summary(path: Path) -> dict:
 
 
 def write_summary(path: Path, summary: dict) -> None:
+    """Atomic (a new file renamed over the old). On a full disk the one file that must still be written
+    is the status: then it is rewritten in place, in the space the old one frees."""
+    text = json.dumps(summary, indent=2)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
+    try:
+        tmp.write_text(text)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not path.is_file():
+            raise
+        path.write_text(text)
+        return
     tmp.replace(path)
 
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and infinities are never a setting: JSON's NaN/Infinity literals and YAML's .nan/.inf are refused.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def error_lines(errors: list[dict], root: type[BaseModel]) -> list[str]:
@@ -26,9 +27,14 @@ def error_lines(errors: list[dict], root: type[BaseModel]) -> list[str]:
         if err["type"] == "extra_forbidden":
             msg = f"unknown key{_did_you_mean(err['loc'], root)}"
         elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
-            msg += f" (got {err['input']!r})"
+            msg += f" (got {_short(repr(err['input']))})"
         lines.append(f"{loc}: {msg}")
     return lines
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """An echoed input, cut: a message repeats what was wrong, not a whole (possibly huge) value."""
+    return text if len(text) <= limit else f"{text[:limit - 15]}... ({len(text)} chars)"
 
 
 def _did_you_mean(loc: tuple, model: type[BaseModel]) -> str:

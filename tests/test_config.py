@@ -7,7 +7,8 @@ import time
 import pytest
 
 from conftest import cli
-from grpo_sentinel.service.config import ConfigError, load_config
+from grpo_sentinel.service.config import ConfigError, SetupError, load_config
+from grpo_sentinel.service.launch import check_launch
 
 
 def errors_of(tmp_path, text: str = "", overrides=()) -> str:
@@ -46,7 +47,7 @@ def test_unknown_section(tmp_path):
 def test_wrong_types_and_ranges(tmp_path):
     msg = errors_of(tmp_path, "grpo:\n  group_size: many\n  temperature: -1\n")
     assert "grpo.group_size" in msg and "'many'" in msg
-    assert "grpo.temperature" in msg and "greater than 0" in msg
+    assert "grpo.temperature" in msg and "greater than or equal to 0.01" in msg
 
 
 def test_set_overrides_are_typed_and_checked(tmp_path):
@@ -59,21 +60,60 @@ def test_set_overrides_are_typed_and_checked(tmp_path):
         load_config(None, ["grpo.beta"])
 
 
+def launch_problems(tmp_path, text: str) -> str:
+    """Validation is pure; what needs the machine (paths, reward imports) is the launch check."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    cfg = load_config(path)  # valid as a config
+    with pytest.raises(SetupError) as e:
+        check_launch(cfg)
+    return str(e.value)
+
+
 def test_missing_model_dir_and_dataset(tmp_path):
-    msg = errors_of(tmp_path, f"model: {{path: {tmp_path}/nope}}\ndata: {{path: {tmp_path}/nope.jsonl}}\n")
+    msg = launch_problems(tmp_path, f"model: {{path: {tmp_path}/nope}}\ndata: {{path: {tmp_path}/nope.jsonl}}\n")
     assert f"model.path: model directory '{tmp_path}/nope' does not exist" in msg
     assert f"data.path: dataset file '{tmp_path}/nope.jsonl' does not exist" in msg
 
 
 def test_model_dir_without_config_json(tmp_path):
     (tmp_path / "m").mkdir()
-    assert "has no config.json" in errors_of(tmp_path, f"model: {{path: {tmp_path}/m}}\n")
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    assert "has no config.json" in launch_problems(tmp_path, f"model: {{path: {tmp_path}/m}}\ndata: {{path: {tmp_path}/d.jsonl}}\n")
 
 
 def test_unknown_reward_function(tmp_path):
     msg = errors_of(tmp_path, "rewards: [{name: corect}]\n")
     assert "unknown reward 'corect' (did you mean 'correct'?)" in msg
-    assert "cannot import reward function" in errors_of(tmp_path, "rewards: [{name: 'no_such_mod:f'}]\n")
+    assert "is not 'package.module:function'" in errors_of(tmp_path, "rewards: [{name: 'a b:f'}]\n")
+    assert "rewards.0.name: cannot import reward function 'no_such_mod:f'" in \
+        launch_problems(tmp_path, "rewards: [{name: 'no_such_mod:f'}]\n")
+
+
+def test_validation_imports_no_reward_module(tmp_path, monkeypatch):
+    """Reading a config never runs the code it names (the daemon validates submissions this way)."""
+    (tmp_path / "loud.py").write_text("open(__file__ + '.imported', 'w').close()\ndef f(c, a, p): return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(None, ["rewards=[{name: 'loud:f'}]"])
+    assert cfg.rewards[0].name == "loud:f" and not (tmp_path / "loud.py.imported").exists()
+    check_launch(cfg)  # the process that trains imports it
+    assert (tmp_path / "loud.py.imported").exists()
+
+
+def test_bounds_that_would_end_in_a_traceback(tmp_path):
+    msg = errors_of(tmp_path, "run: {seed: 9223372036854775808, eval_seed: -1}\noptim: {betas: [0.9, 1.0], lr: .inf}\n"
+                              "grpo: {temperature: 1.0e-300}\nmodel: {lora: {target_modules: []}}\n"
+                              "rewards: [{name: correct, weight: .nan}]\n")
+    for field in ("run.seed", "run.eval_seed", "optim.betas", "optim.lr", "grpo.temperature",
+                  "model.lora.target_modules", "rewards.0.weight"):
+        assert f"  - {field}:" in msg, (field, msg)
+
+
+def test_world_size_advice_is_quick_for_a_huge_batch():
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"divides it \(1, 2, 4, 5, 8, 10"):
+        load_config(None, ["grpo.prompts_per_step=1000000000", "distributed.nproc_per_node=7"])
+    assert time.monotonic() - t0 < 1.0  # O(sqrt n); the linear scan took 23 s here
 
 
 def test_cli_rejects_bad_config_before_loading_any_model(tmp_path):
@@ -105,8 +145,9 @@ def test_demo_example_spells_out_the_defaults():
 def test_gpu_example_is_valid_except_for_paths_that_live_on_the_node():
     from conftest import REPO
 
-    with pytest.raises(ConfigError) as e:
-        load_config(REPO / "examples" / "gpu-qwen-0.5b.yaml")
+    cfg = load_config(REPO / "examples" / "gpu-qwen-0.5b.yaml")
+    with pytest.raises(SetupError) as e:
+        check_launch(cfg)
     problems = [line.split(":")[0].strip("- ") for line in str(e.value).splitlines()[1:]]
     assert problems == ["model.path", "data.path", "data.eval_path"]
 

@@ -142,7 +142,8 @@ def crash_at_step_3(completion, answer, prompt):
 
 
 def test_a_run_that_dies_is_failed_with_its_error_and_the_next_one_runs(daemons, tmp_path, demo_dir):
-    d = daemons(env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")}).ready()
+    d = daemons("--reward-module", "test_daemon",
+                env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")}).ready()
     d.call("POST", "/v1/runs", {**RUN, "run": {**RUN["run"], "run_id": "dies"},
                                 "rewards": [{"name": "test_daemon:crash_at_step_3"}]})
     d.call("POST", "/v1/runs", {"run": {"steps": 2, "run_id": "next"}, "data": {"eval_size": 20}})
@@ -204,7 +205,7 @@ def test_beyond_loopback_a_token_is_required(daemons, tmp_path, demo_dir):
     (tmp_path / "envprobe.py").write_text("import os, pathlib\n\ndef reward(completion, answer, prompt):\n"
                                           "    pathlib.Path(os.environ['PROBE']).write_text(os.environ.get("
                                           "'GRPO_SENTINEL_API_TOKEN', '<absent>'))\n    return 0.0\n")
-    d = daemons(host="0.0.0.0", env={"GRPO_SENTINEL_API_TOKEN": "s3cret", "PYTHONPATH": str(tmp_path),
+    d = daemons("--reward-module", "envprobe", host="0.0.0.0", env={"GRPO_SENTINEL_API_TOKEN": "s3cret", "PYTHONPATH": str(tmp_path),
                                      "PROBE": str(tmp_path / "probe.txt")}).ready()
     assert d.call("GET", "/v1/runs")[0] == 401
     assert d.call("GET", "/v1/runs", token="wrong")[0] == 401

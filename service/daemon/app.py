@@ -2,11 +2,16 @@
 validation errors and the OpenAPI document come from one model.
 
 Probes and scrapes (`/healthz`, `/readyz`, `/metrics`) are open; everything under `/v1` needs the
-bearer token when the daemon has one (it must, beyond loopback).
+bearer token when the daemon has one (it must, beyond loopback). Every bad request is a 4xx that says
+what to fix: a body over the size limit 413, not JSON 415, an invalid or inadmissible config 422 (the
+same one-paragraph message `train` prints, and the field list). A damaged file in one run's directory
+makes that run `damaged`; it never fails a read of the others.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import secrets
 import urllib.request
@@ -20,11 +25,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from grpo_sentinel.service.config import Config, format_error_list
+from grpo_sentinel.service.daemon.admission import Admission
 from grpo_sentinel.service.daemon.supervisor import Supervisor
-from grpo_sentinel.telemetry.record import last_row
 from grpo_sentinel.service.runs import RunDirError
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.record import last_row
 from grpo_sentinel.telemetry.traces import credentials_from_env, links_from
+
+log = logging.getLogger(__name__)
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
 class Submitted(BaseModel):
@@ -58,9 +67,15 @@ class RunDetail(RunBrief):
     events: list[dict] = []
 
 
-def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
+def create_app(supervisor: Supervisor, token: str | None, admission: Admission | None = None,
+               hosts: tuple[str, ...] | None = None) -> FastAPI:
+    """`hosts`: on a daemon without a token, the Host names it answers (loopback names always), so that a
+    web page cannot reach it through a name that resolves to 127.0.0.1 (DNS rebinding)."""
+    admission = admission or Admission()
     app = FastAPI(title="grpo-sentinel", version="0.1.0",
                   description="GRPO training service: submit runs, follow them, read their record and health report.")
+    app.add_middleware(Guard, body_bytes=admission.limits.body_bytes,
+                       hosts=None if hosts is None else frozenset((*LOOPBACK_NAMES, *hosts)))
     bearer = HTTPBearer(auto_error=False)
 
     def authorised(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -70,9 +85,12 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
-        # FastAPI's error list, plus the same one-paragraph message `train` prints for a bad config.
-        errors = [{**err, "loc": [p for p in err["loc"] if p != "body"]} for err in e.errors()]
-        return JSONResponse({"message": format_error_list(errors), "detail": errors}, status_code=422)
+        return refused(list(e.errors()))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, e: Exception):  # a bug of ours: said, logged, never a stack trace
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"message": f"internal error ({type(e).__name__}); see the daemon's log"}, status_code=500)
 
     def run_of(run_id: str):
         run = supervisor.run_dir(run_id)
@@ -96,7 +114,10 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         """The daemon's own metrics and the active run's: one scrape target per pod."""
         body = generate_latest(supervisor.registry)
         child = supervisor.child
-        port = supervisor.run_dir(child.run_id).read_summary().get("metrics_port") if child else None
+        try:
+            port = supervisor.run_dir(child.run_id).read_summary().get("metrics_port") if child else None
+        except RunDirError:
+            port = None
         if port:
             try:
                 body += urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
@@ -105,24 +126,35 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/runs", status_code=201, dependencies=[Depends(authorised)], tags=["runs"],
-              responses={409: {"description": "the run id is taken"}, 422: {"description": "invalid config"},
-                         507: {"description": "the state directory is full or read-only"}})
+              responses={409: {"description": "the run id is taken"}, 413: {"description": "the body is too large"},
+                         415: {"description": "the body is not JSON"},
+                         422: {"description": "invalid config, or one this daemon does not admit"},
+                         507: {"description": "the state directory is full or read-only; nothing was queued"}})
     def submit(cfg: Config) -> Submitted:
-        """Queue a run. The body is the same config as `grpo-sentinel train` takes, as JSON (`{}` is the demo)."""
+        """Queue a run. The body is the same config as `grpo-sentinel train` takes, as JSON (`{}` is the demo).
+        Rewards must be built-ins or in the daemon's reward modules; paths under its allowed paths."""
+        cfg, errors = admission.admit(cfg)
+        if errors:
+            return refused(errors)
         try:
             return Submitted(id=supervisor.submit(cfg), status="queued")
         except RunDirError as e:
             raise HTTPException(409, str(e)) from None
         except OSError as e:  # a full or read-only state volume: nothing was queued
-            raise HTTPException(507, f"cannot write the run into the state directory: {e.strerror or e}") from None
+            raise HTTPException(507, f"cannot write the run into the state directory: {e.strerror or e}; "
+                                     "nothing was queued") from None
 
     @app.get("/v1/runs", dependencies=[Depends(authorised)], tags=["runs"])
     def runs() -> list[RunBrief]:
-        """Every run the daemon knows, in submission order."""
+        """Every run the daemon knows, in submission order (`damaged`: its summary cannot be read)."""
         out = []
         for run_id in supervisor.run_ids():
             rd = supervisor.run_dir(run_id)
-            s = rd.read_summary()
+            try:
+                s = rd.read_summary()
+            except RunDirError:
+                out.append(RunBrief(id=run_id, status="damaged", step=0, steps=0))
+                continue
             out.append(RunBrief(id=run_id, status=s.get("status", "queued"), step=_step(rd, s), steps=s.get("steps", 0)))
         return out
 
@@ -132,14 +164,21 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         action), accuracy before training and at the last evaluation, the error of a failed run, and
         links to its traces in Langfuse."""
         rd = run_of(run_id)
-        s = rd.read_summary()
+        try:
+            s = rd.read_summary()
+        except RunDirError as e:
+            return RunDetail(id=run_id, status="damaged", step=0, steps=0, error=str(e), events=rd.events()[-20:])
         row = last_row(rd.path / "steps.csv") if (rd.path / "steps.csv").is_file() else {}
         conditions = [Condition(id=c, severity=BY_ID[c].severity, cause=BY_ID[c].cause, action=BY_ID[c].action)
-                      for c in row.get("health", "").split() if c in BY_ID]
-        metrics = {k: _number(v) for k, v in row.items() if v != "" and k not in ("health", "trace_ids", "eval_trace_id")}
+                      for c in (row.get("health") or "").split() if c in BY_ID]
+        metrics = {k: _number(v) for k, v in row.items()
+                   if isinstance(k, str) and isinstance(v, str) and v != "" and k not in ("health", "trace_ids", "eval_trace_id")}
         traces: dict[str, str | list[str]] = {}
-        links = links_from(rd.read_config().traces, credentials_from_env())
-        ids = row.get("trace_ids", "").split()
+        try:
+            links = links_from(rd.read_config().traces, credentials_from_env())
+        except RunDirError:  # a damaged config.yaml: the rest of the run still reads
+            links = None
+        ids = (row.get("trace_ids") or "").split()
         if links is not None and (ids or (rd.path / "steps.csv").is_file()):
             traces = {"session": links.session(run_id), "latest_step": [links.trace(t) or t for t in ids]}
         return RunDetail(id=run_id, status=s.get("status", "queued"), step=_step(rd, s, row), steps=s.get("steps", 0),
@@ -153,6 +192,18 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         """The running run checkpoints at its step boundary and ends `stopped`; a queued one is removed."""
         run_of(run_id)
         return Submitted(id=run_id, status=supervisor.stop(run_id))
+
+    @app.post("/v1/runs/{run_id}/resume", dependencies=[Depends(authorised)], tags=["runs"],
+              responses={409: {"description": "the run has not failed"}})
+    def resume(run_id: str) -> Submitted:
+        """Queue a failed run again (say, once its full disk has room): it continues from its newest checkpoint."""
+        run_of(run_id)
+        try:
+            return Submitted(id=run_id, status=supervisor.resume(run_id))
+        except RunDirError as e:
+            raise HTTPException(409, str(e)) from None
+        except OSError as e:
+            raise HTTPException(507, f"cannot write the run's summary: {e.strerror or e}") from None
 
     @app.get("/v1/runs/{run_id}/record", dependencies=[Depends(authorised)], tags=["runs"],
              response_class=PlainTextResponse)
@@ -174,11 +225,80 @@ def create_app(supervisor: Supervisor, token: str | None) -> FastAPI:
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():
             raise HTTPException(404, f"run {run_id!r} has not recorded a step yet")
-        runlog = load(path)
+        try:
+            runlog = load(path)
+        except (ValueError, OSError) as e:
+            raise HTTPException(409, f"run {run_id!r}: its record cannot be read ({e})") from None
         th = Thresholds(window=runlog.window or auto_window(runlog.completions_per_step))
         return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
     return app
+
+
+def refused(errors: list[dict]) -> JSONResponse:
+    """A 422: the one-paragraph message `train` prints for a bad config, and the field list. Only what JSON
+    carries goes out: pydantic's raw entries hold the input (perhaps huge, NaN or bytes) and exceptions."""
+    errors = [{**e, "loc": [p for p in e["loc"] if p != "body"]} for e in errors]
+    message = format_error_list([_readable(e) for e in errors])
+    detail = [{"loc": e["loc"], "msg": str(e["msg"]), "type": str(e["type"])} for e in errors]
+    return JSONResponse({"message": message, "detail": detail}, status_code=422)
+
+
+def _readable(err: dict) -> dict:
+    if err["type"] == "json_invalid":  # where the JSON broke, rather than pydantic's bare "JSON decode error"
+        return {**err, "loc": ["body"], "msg": f"not valid JSON: {err.get('ctx', {}).get('error', 'decode error')} "
+                                              f"(at character {err['loc'][-1] if err['loc'] else 0})"}
+    return err
+
+
+class Guard:
+    """ASGI middleware in front of every route: the Host check of a tokenless daemon, and the body limits
+    (size, and JSON for a submission) enforced before anything parses the body."""
+
+    def __init__(self, app, body_bytes: int, hosts: frozenset[str] | None):
+        self.app, self.body_bytes, self.hosts = app, body_bytes, hosts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.hosts is not None and _hostname(headers.get("host", "")) not in self.hosts:
+            return await _answer(send, 421, "this daemon answers requests for a loopback address only (it has no API "
+                                            "token); set GRPO_SENTINEL_API_TOKEN to serve other names")
+        if scope["method"] == "POST" and scope["path"] == "/v1/runs":
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                return await _answer(send, 415, f"the body must be a JSON run config (Content-Type: application/json; "
+                                                f"got {kind or 'none'!r})")
+        size = headers.get("content-length", "")
+        if size.isdigit() and int(size) > self.body_bytes:
+            return await _answer(send, 413, f"the body is {int(size)} bytes; this daemon takes at most "
+                                            f"{self.body_bytes} (limits.body_bytes)")
+        received = 0
+
+        async def bounded():  # a body sent without Content-Length (chunked) is counted as it arrives
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.body_bytes:  # an HTTPException: FastAPI's body reader passes it on as the answer
+                raise HTTPException(413, f"the body is over {self.body_bytes} bytes (limits.body_bytes)")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+def _hostname(host: str) -> str:
+    """'127.0.0.1:8000' -> '127.0.0.1'; '[::1]:8000' -> '::1'."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+async def _answer(send, status: int, message: str) -> None:
+    body = json.dumps({"detail": message}).encode()  # as FastAPI answers an HTTPException
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _step(rd, summary: dict, row: dict | None = None) -> int:
@@ -198,7 +318,6 @@ def _number(v: str) -> float | str:
 
 
 if __name__ == "__main__":  # docs/openapi.json, generated (a test keeps it equal)
-    import json
     from pathlib import Path
 
     print(json.dumps(create_app(Supervisor(Path("unused")), None).openapi(), indent=2, sort_keys=True))

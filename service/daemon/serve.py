@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, field_validator
 
 from grpo_sentinel.service.config import ConfigError, format_errors, load_config
+from grpo_sentinel.service.daemon.admission import Admission, Limits, with_absolute_paths
 from grpo_sentinel.telemetry.settings import Section
 
 log = logging.getLogger("grpo_sentinel")
@@ -30,6 +31,11 @@ class DaemonSettings(Section):
                                                    "(match the pod's terminationGracePeriodSeconds).")
     run_at_start: str | None = Field(None, description="A run config (YAML) queued at the first start (once: a "
                                                        "restart finds it by its run id).")
+    reward_modules: list[str] = Field(default_factory=list, description="Python modules (and their submodules) whose "
+                                      "functions a submitted run may use as rewards; the built-ins are always allowed.")
+    allowed_paths: list[str] = Field(default_factory=lambda: ["."], description="Directories a submitted run's model "
+                                     "and data paths must lie under (default: the directory the daemon starts in).")
+    limits: Limits = Field(default_factory=Limits, description="Upper bounds on a submitted run's size.")
 
     @field_validator("listen")
     @classmethod
@@ -38,6 +44,10 @@ class DaemonSettings(Section):
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"expected HOST:PORT, e.g. 127.0.0.1:8000 or 0.0.0.0:8000 (got {v!r})")
         return v
+
+    def admission(self) -> Admission:
+        roots = tuple(Path(os.path.realpath(Path(p).expanduser())) for p in self.allowed_paths)
+        return Admission(tuple(self.reward_modules), roots, self.limits)
 
     @property
     def host(self) -> str:
@@ -63,10 +73,12 @@ def settings(args) -> DaemonSettings:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise ConfigError(f"daemon config {args.config}: cannot read it ({e})") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"daemon config {args.config}: expected a mapping (listen, state_dir, grace_s, run_at_start)")
-    for key in ("listen", "state_dir", "grace_s", "run_at_start"):  # flags win over the file
-        if getattr(args, key) is not None:
-            raw[key] = str(getattr(args, key)) if key != "grace_s" else getattr(args, key)
+            raise ConfigError(f"daemon config {args.config}: expected a mapping of {', '.join(DaemonSettings.model_fields)}")
+    for key in ("listen", "state_dir", "grace_s", "run_at_start", "reward_modules", "allowed_paths"):  # flags win
+        value = getattr(args, key)
+        if value is not None:
+            raw[key] = value if key in ("grace_s", "reward_modules") else \
+                [str(v) for v in value] if isinstance(value, list) else str(value)
     try:
         return DaemonSettings.model_validate(raw)
     except Exception as e:  # pydantic.ValidationError
@@ -93,18 +105,19 @@ def serve(args) -> int:
         if not s.loopback and token is None:
             raise ConfigError(f"--listen {s.listen} is reachable beyond this host: set {TOKEN_ENV} (the API then "
                               "requires 'Authorization: Bearer <token>'), or listen on 127.0.0.1")
-        boot = load_config(s.run_at_start) if s.run_at_start else None
+        boot = with_absolute_paths(load_config(s.run_at_start)) if s.run_at_start else None  # the operator's own
     except ConfigError as e:
         print(f"grpo-sentinel serve: {e}", file=sys.stderr)
         return 2
     supervisor = Supervisor(Path(s.state_dir), s.grace_s)
     supervisor.start()
+    admission = s.admission()
     if boot is not None:
         # Queued once: a pod restart finds the run by its id and resumes it instead of starting another.
         run_id = boot.run.run_id or "boot-" + hashlib.sha256(boot.to_yaml().encode()).hexdigest()[:8]
         if run_id not in supervisor.run_ids():
             supervisor.submit(boot.model_copy(update={"run": boot.run.model_copy(update={"run_id": run_id})}))
-    app = create_app(supervisor, token)
+    app = create_app(supervisor, token, admission, hosts=None if token else (s.host,))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

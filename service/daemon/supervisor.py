@@ -36,14 +36,13 @@ from prometheus_client.core import GaugeMetricFamily
 
 from grpo_sentinel.service.config import Config
 from grpo_sentinel.service.daemon.serve import TOKEN_ENV
-from grpo_sentinel.service.runs import RunDir, RunDirError
+from grpo_sentinel.service.runs import EXIT_DISK, FINISHED, RunDir, RunDirError
 from grpo_sentinel.telemetry.catalogue import DAEMON
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("queued", "running", "completed", "stopped_early", "halted", "preempted", "stopped", "failed")
+STATUSES = ("queued", "running", "completed", "stopped_early", "halted", "preempted", "stopped", "failed", "damaged")
 INTERRUPTED = ("running", "preempted")  # found at start-up: resumed before anything new
-FINISHED = ("completed", "stopped_early", "halted", "stopped", "failed")
 
 
 def _die_with(parent: int):
@@ -74,13 +73,13 @@ def _now() -> str:
 @dataclass
 class Child:
     run_id: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None = None  # None while the run is being started
     stop_requested: bool = False  # the API asked to stop it: it ends `stopped`, not queued for resume
 
 
 class Supervisor:
     def __init__(self, state_dir: Path, grace_s: float = 30.0):
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()  # absolute: a run's process works in its own directory
         self.runs_dir = self.state_dir / "runs"
         self.grace_s = grace_s
         self._lock = threading.Condition()
@@ -120,7 +119,7 @@ class Supervisor:
             self._closing = True
             child = self.child
             self._lock.notify_all()
-        if child is not None and child.proc.poll() is None:
+        if child is not None and child.proc is not None and child.proc.poll() is None:
             log.info("stopping run %s: checkpoint at the step boundary (grace %.0f s)", child.run_id, self.grace_s)
             if not child.stop_requested:  # a second SIGTERM would make it stop at once, without its checkpoint
                 child.proc.send_signal(signal.SIGTERM)
@@ -138,7 +137,8 @@ class Supervisor:
 
     def submit(self, cfg: Config) -> str:
         """Queue a run (a validated config); returns its id. Under the daemon a run serves its metrics on
-        loopback only (the daemon's /metrics carries them) and lives in the state directory."""
+        loopback only (the daemon's /metrics carries them) and lives in the state directory. All or
+        nothing: if any write fails (a full volume), the run directory is removed and nothing is queued."""
         run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
         cfg = cfg.model_copy(deep=True)
         cfg.run.run_id, cfg.run.out_dir = run_id, str(self.runs_dir)
@@ -147,11 +147,16 @@ class Supervisor:
             if run_id in self._order:
                 raise RunDirError(f"run {run_id!r} already exists")
             run = RunDir.new(self.runs_dir, run_id, cfg)
-            run.write_summary({"status": "queued", "step": 0, "steps": cfg.run.steps, "submitted_at": _now()})
+            try:
+                run.write_summary({"status": "queued", "step": 0, "steps": cfg.run.steps, "submitted_at": _now()})
+                self._save_order([*self._order, run_id])
+            except BaseException:
+                run.unlock()
+                shutil.rmtree(run.path, ignore_errors=True)
+                raise
             run.unlock()  # the training process takes it when the run starts
             self._order.append(run_id)
             self._pending.append(run_id)
-            self._save_order()
             self._lock.notify_all()
         log.info("run %s queued (%d ahead of it)", run_id, len(self._pending) - 1 + (self.child is not None))
         return run_id
@@ -162,15 +167,28 @@ class Supervisor:
             if run_id in self._pending:
                 self._pending.remove(run_id)
                 self._order.remove(run_id)
-                shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
                 self._save_order()
+                shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
                 return "removed"
             child = self.child
             if child is not None and child.run_id == run_id:
-                child.stop_requested = True
-                child.proc.send_signal(signal.SIGTERM)
+                child.stop_requested = True  # wins over the signal it sends, however early that lands
+                if child.proc is not None:
+                    child.proc.send_signal(signal.SIGTERM)
                 return "stopping"
         return self.status(run_id)
+
+    def resume(self, run_id: str) -> str:
+        """Queue a failed run again (e.g. after its disk was freed): it continues from its newest checkpoint."""
+        with self._lock:
+            status = self.status(run_id)
+            if status != "failed" or run_id in self._pending or (self.child and self.child.run_id == run_id):
+                raise RunDirError(f"run {run_id!r} is {status}: only a failed run can be resumed")
+            RunDir(self.runs_dir / run_id).update_summary(status="queued", reason="")
+            self._pending.append(run_id)
+            self._lock.notify_all()
+        log.info("run %s queued again (resume)", run_id)
+        return "queued"
 
     def run_ids(self) -> list[str]:
         with self._lock:
@@ -181,7 +199,7 @@ class Supervisor:
 
     def status(self, run_id: str) -> str:
         summary = self._summary(run_id)
-        return "failed" if summary is None else summary.get("status", "queued")  # unreadable: not runnable
+        return "damaged" if summary is None else summary.get("status", "queued")  # unreadable: not runnable
 
     # -- the worker ----------------------------------------------------------------------------
 
@@ -193,12 +211,20 @@ class Supervisor:
                 if self._closing:
                     return
                 run_id = self._pending.pop(0)
+                self.child = Child(run_id)  # from here a stop request is this run's
             try:
                 self._train(run_id)
             except Exception as e:  # noqa: BLE001 - one run's trouble never takes the service down
                 log.exception("run %s: the supervisor failed to run it", run_id)
-                RunDir(self.runs_dir / run_id).update_summary(status="failed", reason=f"the daemon could not start it: {e}")
+                try:
+                    RunDir(self.runs_dir / run_id).update_summary(status="failed",
+                                                                   reason=f"the daemon could not start it: {e}")
+                except OSError as write:
+                    log.error("run %s: cannot record its failure (%s)", run_id, write)
                 self._finished.labels("failed").inc()
+            finally:
+                with self._lock:
+                    self.child = None
 
     def _train(self, run_id: str) -> None:
         run_dir = self.runs_dir / run_id
@@ -212,40 +238,50 @@ class Supervisor:
         if n > 1:  # torch's own elastic launcher starts and watches the ranks; it forwards our SIGTERM
             cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *cmd]
         cmd = [sys.executable, *cmd]
-        with (run_dir / "train.log").open("ab") as out:
-            # The API token is the daemon's: a run (and the reward code it imports) never needs it.
-            env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with(os.getpid()),
-                                    env={**env, "PYTHONUNBUFFERED": "1"})
         with self._lock:
-            self.child = Child(run_id, proc)
-        log.info("run %s: training on %d rank(s) (pid %d, log %s)", run_id, n, proc.pid, run_dir / "train.log")
-        rc = proc.wait()
+            child = self.child
+            if child.stop_requested:  # stopped before it started: nothing ran, nothing to resume
+                run.update_summary(status="stopped", reason="stopped through the API before it started")
+                self._finished.labels("stopped").inc()
+                return
+            with (run_dir / "train.log").open("ab") as out:
+                # The API token is the daemon's: a run (and the reward code it imports) never needs it. The
+                # run works in its own directory: what its code writes lands there, not in the daemon's.
+                env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+                child.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=run_dir,
+                                              preexec_fn=_die_with(os.getpid()), env={**env, "PYTHONUNBUFFERED": "1"})
+        log.info("run %s: training on %d rank(s) (pid %d, log %s)", run_id, n, child.proc.pid, run_dir / "train.log")
+        rc = child.proc.wait()
         with self._lock:
-            child, self.child = self.child, None
             closing = self._closing
         self._settle(run_id, rc, child.stop_requested, closing, attempts)
 
     def _settle(self, run_id: str, rc: int, stop_requested: bool, closing: bool, attempts: int) -> None:
-        """What the training process's exit means for the run. The run's own summary says how it ended
-        when this start got that far (its attempt count moved); under torch's launcher the exit code is
-        only 0 or 1 whatever the ranks returned, so the summary is read first."""
+        """What the training process's exit means for the run. A finished status in the run's own summary
+        wins over everything (a signal in the moment after it was written changes nothing); before a start
+        the summary is never finished. Under torch's launcher the exit code is only 0 or 1 whatever the
+        ranks returned, so the summary is read first; a stop through the API wins over the signal it sent."""
         run = RunDir(self.runs_dir / run_id)
         summary = run.read_summary()
-        ran = summary.get("attempt", 0) > attempts
-        status = summary.get("status", "running") if ran else "running"
-        if status == "preempted" or rc == 75 or (closing and rc < 0):  # a signal's checkpoint, or the grace ran out
-            if stop_requested:
-                status = "stopped"
-                run.update_summary(status="stopped", reason="stopped through the API")
-            elif closing:
+        status = summary.get("status", "running")
+        if status not in FINISHED and summary.get("attempt", 0) == attempts:
+            status = "running"  # this start never got to say (a "preempted" is the previous attempt's)
+        if status in FINISHED or rc == EXIT_DISK:
+            if rc == EXIT_DISK:  # the run's own advice names the CLI; under the daemon it is the resume call
+                status = "failed"
+                run.update_summary(status="failed", reason=self._why(run_id, rc))
+        elif stop_requested:
+            status = "stopped"
+            run.update_summary(status="stopped", reason="stopped through the API")
+        elif status == "preempted" or rc == 75 or (closing and rc < 0):  # a signal's checkpoint, or the grace ran out
+            if closing:
                 status = "preempted"
                 run.update_summary(status="preempted", reason="the daemon stopped; it resumes at the next start")
             else:  # a signal from elsewhere: train on
                 with self._lock:
                     self._pending.insert(0, run_id)
                 return
-        elif status not in ("completed", "stopped_early", "halted", "failed"):  # it never got to say
+        else:  # it never got to say
             status = "failed"
             run.update_summary(status="failed", reason=self._why(run_id, rc))
         self._finished.labels(status).inc()
@@ -253,6 +289,9 @@ class Supervisor:
                 f" ({run.read_summary().get('reason')})" if status == "failed" else "")
 
     def _why(self, run_id: str, rc: int) -> str:
+        if rc == EXIT_DISK:  # its own summary and log may not have fitted on the disk either
+            return (f"the disk under the run is full (exit {EXIT_DISK}): free space, then POST "
+                    f"/v1/runs/{run_id}/resume (it continues from its newest checkpoint)")
         if rc < 0:
             name = signal.Signals(-rc).name
             return f"the training process was killed by {name}" + (" (out of memory?)" if rc == -signal.SIGKILL else "")
@@ -289,14 +328,18 @@ class Supervisor:
         except RunDirError:
             return None
 
-    def _save_order(self) -> None:
+    def _save_order(self, order: list[str] | None = None) -> None:
         path = self.state_dir / "queue.json"
         tmp = path.with_suffix(".json.tmp")
-        with tmp.open("w") as f:
-            json.dump({"version": 1, "order": self._order}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        try:
+            with tmp.open("w") as f:
+                json.dump({"version": 1, "order": self._order if order is None else order}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 
