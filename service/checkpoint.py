@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from peft import set_peft_model_state_dict
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,11 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, loop_state: dic
         _fsync_tree(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) gives its space back
-        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):  # torch's words for a short write
+        # A full disk in the writers' own words: torch's short write, safetensors' wrapped OS error.
+        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):
             raise OSError(errno.ENOSPC, f"writing {tmp / 'trainer.pt'} failed ({e})") from None
+        if isinstance(e, SafetensorError) and any(f"os error {n})" in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
+            raise OSError(errno.ENOSPC, f"writing {tmp / 'adapter'} failed ({e})") from None
         raise
     if final.exists():  # a re-run of the same step after a resume: the new one replaces it
         shutil.rmtree(final)

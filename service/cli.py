@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--reward-module", dest="reward_modules", action="append", metavar="MODULE",
                        help="a module (with its submodules) whose functions submitted runs may use as rewards "
                             "(repeatable; default: the built-ins only)")
+    serve.add_argument("--limit", dest="limits", action="append", metavar="NAME=N",
+                       help="raise or lower a bound on submitted runs, e.g. --limit group_size=512 (repeatable; "
+                            "names: group_size, prompts_per_step, max_new_tokens, lora_r, nproc_per_node, "
+                            "reward_workers, eval_size, body_bytes)")
     serve.add_argument("--allow-path", dest="allowed_paths", action="append", type=Path, metavar="DIR",
                        help="a directory submitted model and data paths may lie under (repeatable; default: the "
                             "directory the daemon starts in)")

@@ -3,6 +3,7 @@ user code that hangs, exits or snoops at import, a destructive callable, odd bod
 a restart in the second after a run completes, a nearly full state volume, damaged files, a stop
 in the first instant of a run. Each ends as the README's daemon section says."""
 
+import errno
 import http.client
 import json
 import os
@@ -121,7 +122,8 @@ def test_every_bad_body_is_a_4xx_that_says_what_to_fix(daemons, tmp_path, demo_d
     refused(b'{"optim": {"lr": NaN}}', "optim.lr", "finite number")
     refused(b'{"grpo": {"beta": Infinity}}', "grpo.beta", "finite number")
     refused(b'{"grpo": {"beta": 1e400}}', "grpo.beta", "finite number")
-    refused(b'{"run": {"seed": 1' + b"0" * 5000 + b"}}", "run.seed")
+    assert post(d, b'{"run": {"seed": 1' + b"0" * 5000 + b"}}")[0] == 400  # beyond Python's int parsing: not JSON here
+    refused(b'{"run": {"seed": 1' + b"0" * 400 + b"}}", "run.seed", "less than 9223372036854775808")
     refused(b"{not json", "body", "not valid JSON")
     refused(b"[]", "(top level)")
     refused(b"null", "(top level)")
@@ -132,7 +134,9 @@ def test_every_bad_body_is_a_4xx_that_says_what_to_fix(daemons, tmp_path, demo_d
     refused(b'{"model": {"lora": {"target_modules": []}}}', "model.lora.target_modules")
     # Huge values are refused at once by the operator's limits, and nothing waits on them.
     t0 = time.monotonic()
-    refused(b'{"grpo": {"prompts_per_step": 1000000000}, "distributed": {"nproc_per_node": 7}}',
+    refused(b'{"grpo": {"prompts_per_step": 1000000000}, "distributed": {"nproc_per_node": 7}}', "(top level)",
+            "cannot be split over 7 ranks", "(1, 2, 4, 5, 8")
+    refused(b'{"grpo": {"prompts_per_step": 1000000000}, "distributed": {"nproc_per_node": 8}}',
             "grpo.prompts_per_step", "at most 1024 on this daemon", "limits.prompts_per_step")
     assert time.monotonic() - t0 < 2
     refused(b'{"grpo": {"group_size": 1000000000}}', "grpo.group_size", "at most 256")
@@ -189,11 +193,16 @@ def tmpfs(path: Path, size: str) -> None:
 
 
 def fill(volume: Path, leave: int) -> Path:
-    """A file that leaves `leave` bytes free on the volume."""
+    """A file that leaves `leave` bytes free on the volume (0: every byte taken, whatever else writes)."""
     filler = volume / "filler"
     free = os.statvfs(volume).f_bavail * os.statvfs(volume).f_frsize
-    with filler.open("ab") as f:
-        f.write(b"\0" * max(0, free - leave))
+    with filler.open("ab", buffering=0) as f:
+        try:
+            f.write(b"\0" * max(0, free - leave))
+            while not leave:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC and not leave, e
     return filler
 
 
@@ -223,7 +232,7 @@ def test_a_nearly_full_state_volume_queues_a_run_wholly_or_not_at_all(daemons, t
         retry = next(r for r, c in answered.items() if c == 507)
         assert post(d, json.dumps(tiny(retry)).encode())[0] == 201  # a client's retry makes one run, not two
         listed = [r["id"] for r in send(d, "GET", "/v1/runs")[1]]
-        assert listed == ["busy", *[r for r, c in answered.items() if c == 201 or r == retry]]
+        assert listed == ["busy", *[r for r, c in answered.items() if c == 201], retry]
         d.stop(signal.SIGKILL)
         d = daemons(state=volume)  # the next start knows exactly these runs
         assert [r["id"] for r in send(d, "GET", "/v1/runs")[1]] == listed
@@ -242,8 +251,9 @@ def test_a_run_that_failed_on_a_full_disk_resumes_through_the_api(daemons, tmp_p
         record = volume / "runs" / "full" / "steps.csv"
         assert wait_for(lambda: len(steps_of(record)) >= 3, 300, 0.05)
         filler = fill(volume, 0)
-        failed = d.wait_status("full", {"failed"})
-        assert "disk" in failed["error"] and "/v1/runs/full/resume" in failed["error"], failed["error"]
+        d.wait_status("full", {"failed"})  # the run's own reason first, then the daemon's advice once its process ended
+        assert wait_for(lambda: "POST /v1/runs/full/resume" in (d.run("full")["error"] or ""), 60, 0.1), d.run("full")
+        assert "disk under the run is full" in d.run("full")["error"]
         filler.unlink()
         assert send(d, "POST", "/v1/runs/full/resume") == (200, {"id": "full", "status": "queued"})
         done = d.wait_status("full", {"completed"})
@@ -289,3 +299,18 @@ def test_damaged_files_spoil_one_run_only_and_an_early_stop_is_a_stop(daemons, t
         else:
             assert answer == "stopping"
             assert d.wait_status(f"s{n}", {"stopped", "failed", "preempted", "completed"})["status"] == "stopped"
+
+
+def test_the_operators_settings_are_checked_before_the_daemon_starts(tmp_path):
+    from conftest import cli
+
+    def serve(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cli("serve", "--state-dir", str(tmp_path / "s"), *flags), capture_output=True, text=True,
+                              timeout=60)
+
+    bad = serve("--limit", "group_size=many", "--limit", "group_sise=4", "--limit", "lora_r")
+    assert bad.returncode == 2 and "--limit 'lora_r': expected NAME=N" in bad.stderr
+    bad = serve("--limit", "group_size=many", "--limit", "group_sise=4")
+    assert bad.returncode == 2 and "limits.group_size:" in bad.stderr
+    assert "limits.group_sise: unknown key (did you mean 'group_size'?)" in bad.stderr
+    assert not (tmp_path / "s").exists()  # refused before anything was made

@@ -236,9 +236,10 @@ def test_daemon_command_and_run_config():
     assert c["args"] == ["serve", "--listen", "0.0.0.0:8000", "--state-dir", "/var/lib/grpo-sentinel",
                          "--grace-s", "30", "--run-at-start", "/etc/grpo-sentinel/run.yaml",
                          "--allow-path", "/models", "--allow-path", "/data"]
-    trusted = container({"daemon": {"rewardModules": ["my_rewards", "lab.graders"], "allowedPaths": ["/mnt/x"]}})
-    assert trusted["args"][-6:] == ["--reward-module", "my_rewards", "--reward-module", "lab.graders",
-                                    "--allow-path", "/mnt/x"]
+    trusted = container({"daemon": {"rewardModules": ["my_rewards", "lab.graders"], "allowedPaths": ["/mnt/x"],
+                                    "limits": {"group_size": 512}}})
+    assert trusted["args"][-8:] == ["--reward-module", "my_rewards", "--reward-module", "lab.graders",
+                                    "--limit", "group_size=512", "--allow-path", "/mnt/x"]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "run-config")
     assert mount["mountPath"] == "/etc/grpo-sentinel" and mount["readOnly"]

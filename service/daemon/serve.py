@@ -79,6 +79,11 @@ def settings(args) -> DaemonSettings:
         if value is not None:
             raw[key] = value if key in ("grace_s", "reward_modules") else \
                 [str(v) for v in value] if isinstance(value, list) else str(value)
+    for item in getattr(args, "limits", None) or ():
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--limit {item!r}: expected NAME=N, e.g. --limit group_size=512")
+        raw.setdefault("limits", {})[name.strip()] = value.strip()
     try:
         return DaemonSettings.model_validate(raw)
     except Exception as e:  # pydantic.ValidationError
