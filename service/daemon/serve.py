@@ -13,11 +13,11 @@ from pathlib import Path
 
 import uvicorn
 import yaml
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from grpo_sentinel.service.config import ConfigError, format_errors, load_config
+from grpo_sentinel.service.config import ConfigError, load_config
 from grpo_sentinel.service.daemon.admission import Admission, Limits, with_absolute_paths
-from grpo_sentinel.telemetry.settings import Section
+from grpo_sentinel.telemetry.settings import Section, error_lines
 
 log = logging.getLogger("grpo_sentinel")
 
@@ -86,8 +86,10 @@ def settings(args) -> DaemonSettings:
         raw.setdefault("limits", {})[name.strip()] = value.strip()
     try:
         return DaemonSettings.model_validate(raw)
-    except Exception as e:  # pydantic.ValidationError
-        raise ConfigError(format_errors(e).replace("invalid config", "invalid daemon config")) from None
+    except ValidationError as e:
+        lines = error_lines(e.errors(), DaemonSettings)
+        raise ConfigError("\n".join([f"invalid daemon config ({len(lines)} problem{'s' * (len(lines) > 1)}):",
+                                      *(f"  - {line}" for line in lines)])) from None
 
 
 class _Server(uvicorn.Server):
