@@ -93,13 +93,31 @@ def diagnose_command(args) -> int:
     return 0
 
 
-def rules_command(settings: list[str]) -> int:
+def rules_command(settings: list[str], fmt: str = "prometheus") -> int:
+    """Print the rules as Prometheus rules or as Grafana-managed rules (the same rules: rules_grafana.py)."""
     from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
 
     try:
+        if fmt == "grafana":
+            from grpo_sentinel.telemetry.health import rules_grafana
+            grafana, settings = rules_grafana.with_grafana_settings(settings)
         params = with_settings(RuleParams(), settings)
     except ValueError as e:
-        print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+        names = "" if fmt == "grafana" or "unknown rule setting" not in str(e) else \
+            " (datasource, folder, interval, org and uid_prefix need --format grafana)"
+        print(f"grpo-sentinel rules: {e}{names}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if fmt == "grafana":
+        try:
+            text = rules_grafana.render(params, grafana)
+        except ImportError:
+            print("grpo-sentinel rules: --format grafana needs grafana-foundation-sdk: pip install 'grpo-sentinel[dashboards]'",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except ValueError as e:
+            print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(text, end="")
+        return 0
     print(render(params), end="")
     return 0
