@@ -153,7 +153,7 @@ def _leaf(key: str, value, indent: int, slots: dict[str, int]) -> str:
     text = re.sub(r"\{\{|\}\}", lambda m: '{{ "' + m.group(0) + '" }}', text)
     # A value that is one setting (a threshold, a duration, a JSON-quoted name) is the action's text:
     # unquoted, so that a number stays a number.
-    text = re.sub(r"^(\s*(?:- |[\w-]+: ))'(@@\d+@@)'$", r"\1\2", text, flags=re.M)
+    text = re.sub(r"^(\s*(?:- )?(?:[\w-]+: )?)'(@@\d+@@)'$", r"\1\2", text, flags=re.M)
     actions = {i: action for action, i in slots.items()}
     text = _SLOT.sub(lambda m: "{{ " + actions[int(m.group(1))] + " }}", text)
     return "".join(" " * indent + line + "\n" for line in text.splitlines())

@@ -660,7 +660,7 @@ groups:
   rules:
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: (avg by (job, instance, run_id) (avg_over_time(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
         refId: A
@@ -717,7 +717,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-reward_saturated'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
         refId: A
@@ -774,7 +774,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-signal_vanished'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: max by (job, instance, run_id) (abs(grpo_advantage_mean))
         refId: A
@@ -831,7 +831,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-adv_mean_drift'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: round(sum by (job, instance, run_id) (increase(grpo_updates_skipped_total{reason="nonfinite"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
         refId: A
@@ -888,7 +888,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-nonfinite'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
         refId: A
@@ -945,7 +945,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-plateau_kl_flat'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (
@@ -1009,7 +1009,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-plateau_grader_loose'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
@@ -1070,7 +1070,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-plateau_small_group'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="reward_hacking"}) == 1
@@ -1124,7 +1124,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-reward_hacking'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
@@ -1184,7 +1184,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-kl_runaway'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
@@ -1246,7 +1246,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-kl_dominant'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
@@ -1311,7 +1311,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-kl_acceleration'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < {{ printf "%.6g" (float64 $entropy_collapse) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
@@ -1367,7 +1367,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-entropy_collapse'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_normalized[{{ include "grpo-sentinel.rules.duration" $window }}]))) >= {{ printf "%.6g" (float64 $entropy_blowup_lnv) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
@@ -1426,7 +1426,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-entropy_blowup'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="entropy_drift"}) == 1
@@ -1480,7 +1480,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-entropy_drift'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > {{ printf "%.6g" (float64 $exploration_rise) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
@@ -1537,7 +1537,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-exploration'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
@@ -1591,7 +1591,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-loss_spike'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="loss_blowup"}) == 1
@@ -1645,7 +1645,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-loss_blowup'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) < 0.5 * (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
@@ -1706,7 +1706,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-kl_only_learning'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="late_degradation"}) == 1
@@ -1760,7 +1760,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-late_degradation'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))) >= {{ printf "%.6g" (float64 $truncation) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
@@ -1823,7 +1823,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-length_pathology'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
@@ -1877,7 +1877,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-length_drift'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
@@ -1931,7 +1931,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-correctness_drop'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="all_wrong_rising"}) == 1
@@ -1990,7 +1990,7 @@ groups:
   rules:
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: time() - max by (job, instance, run_id) (grpo_step_last_timestamp_seconds)
         refId: A
@@ -2047,7 +2047,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-training-stalled'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: sum by (job, instance, run_id) (increase(grpo_telemetry_export_failures_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
         refId: A
@@ -2104,7 +2104,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-metrics-export-failing'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: sum by (job, instance, run_id, reason) (increase(grpo_traces_dropped_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
         refId: A
@@ -2161,7 +2161,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-traces-dropped'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: sum by (job, instance) (increase(grpo_runs_finished_total{status="failed"}[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
         refId: A
@@ -2218,7 +2218,7 @@ groups:
     uid: '{{ $g.uidPrefix }}-run-failed'
   - condition: C
     data:
-    - datasourceUid: '{{ $g.datasourceUid | toJson }}'
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
           max by (job, instance, run_id) ((avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_step_time_seconds[{{ include "grpo-sentinel.rules.duration" $window }}]))
