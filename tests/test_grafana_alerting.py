@@ -123,7 +123,13 @@ def test_each_grafana_rule_is_its_prometheus_rule(settings):
         assert rg.inline(rg.split(want["expr"])[0], records) == query
         assert re.search(rf"{re.escape(op)} {found[1]:g}(\s|$)", want["expr"]), (rule["title"], found)
         assert want["expr"].replace(f" {op} {found[1]:g}", "", 1) == rg.split(want["expr"])[0]
-    assert thresholds >= len(got) // 2  # most rows are a threshold on their value, shown as one in Grafana
+    # The thresholds are the settings' (golden: the values set above, or the detectors' defaults).
+    by_title = {r["title"]: _threshold(r) for _, r in got}
+    assert by_title["GRPORewardSaturated"] == ("gte", p.thresholds.saturated)
+    assert by_title["GRPOKLRunaway"] == ("gt", 0.5 if settings else 1.0) == ("gt", p.thresholds.kl_bound)
+    assert by_title["GRPOTrainingStalled"] == ("gt", 900)
+    assert by_title["GRPOLossSpike"] is None  # a trainer-side row: its verdict, an `or` of two readings
+    assert thresholds >= 10
     assert all(r["labels"]["condition"] for _, r in got)
     assert len({r["uid"] for _, r in got}) == len(got) and all(len(r["uid"]) <= 40 for _, r in got)
 

@@ -57,7 +57,8 @@ GRAFANA_SETTINGS = tuple(f.name for f in fields(GrafanaParams))
 
 
 def with_grafana_settings(settings: list[str]) -> tuple[GrafanaParams, list[str]]:
-    """Take the GrafanaParams NAME=VALUE settings out of `settings`; the rest are rules.py's."""
+    """Take the GrafanaParams NAME=VALUE settings out of `settings` (each checked: ValueError says
+    what to write); the rest are rules.py's."""
     g, rest = GrafanaParams(), []
     for s in settings:
         name, _, value = s.partition("=")
@@ -68,14 +69,17 @@ def with_grafana_settings(settings: list[str]) -> tuple[GrafanaParams, list[str]
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"org={value!r} is not an organisation id (a whole number >= 1)")
             g = replace(g, org=int(value))
-            continue
-        if name == "interval":
-            rulegen.parse_duration(value)  # the same duration words as window=
-        if name == "uid_prefix" and not re.fullmatch(r"[A-Za-z0-9_-]{1,12}", value):
+        elif name == "interval":
+            seconds = rulegen.parse_duration(value)  # 60, 1m, 90s as for window=; Grafana takes 1m, 90s
+            if seconds == 0 or seconds % 10:
+                raise ValueError(f"interval={value!r}: Grafana evaluates in multiples of 10 s (e.g. 30s, 1m)")
+            g = replace(g, interval=rulegen.duration(seconds))
+        elif name == "uid_prefix" and not re.fullmatch(r"[A-Za-z0-9_-]{1,12}", value):
             raise ValueError(f"uid_prefix={value!r}: 1 to 12 letters, digits, - or _ (a rule uid is at most 40)")
-        if not value:
-            raise ValueError(f"{name}= is empty")
-        g = replace(g, **{name: value})
+        elif not value.strip():
+            raise ValueError(f"{name}= is empty; give e.g. {name}={getattr(GrafanaParams(), name)}")
+        else:
+            g = replace(g, **{name: value})
     return g, rest
 
 
