@@ -19,7 +19,7 @@ file, so their `$` is written `$$`; annotations are not (Grafana 9.1 on).
 
 Grafana's field names are those of its provisioning code (pkg/services/provisioning/alerting/
 rules_types.go, AlertRuleGroupV1 / AlertRuleV1 / QueryV1, and values/values.go for the `$$`
-escape), read at grafana/grafana 0085cf86 (main, 2025; the format has been stable since 9.1).
+escape), read at commit 0085cf86 of grafana/grafana's main branch.
 
 `grpo-sentinel rules --format grafana [--set ...]` prints it; tests/test_grafana_alerting.py keeps
 deploy/grafana/grpo-alert-rules.yaml equal to the defaults.
@@ -159,9 +159,9 @@ def _restrict(body: str, matchers: str) -> str:
     pairs = re.findall(r'(\w+)\s*=\s*"([^"]*)"', matchers)
     if len(pairs) != matchers.count("=") or not pairs:
         raise TypeError(f"only equality selectors can move into a recording rule: {matchers}")
+    kept = [{x.strip() for x in k.split(",")} for k in re.findall(r"\bby \(([^)]*)\)", body)]
     for label, _ in pairs:
-        kept = re.findall(r"\bby \(([^)]*)\)", body)
-        if "without (" in body or not kept or any(label not in [x.strip() for x in k.split(",")] for k in kept):
+        if "without (" in body or not kept or any(label not in k for k in kept):
             raise TypeError(f"{label} does not survive every aggregation of: {body}")
     extra = ", ".join(f'{k}="{v}"' for k, v in pairs)
 
@@ -193,6 +193,7 @@ def _states(labels: dict[str, str]) -> tuple[str, str]:
 
 def rule(prom: dict, records: dict[str, str], g: GrafanaParams):
     """One Prometheus alerting rule as an SDK alerting.Rule (folder, org and group are the file's group's)."""
+    # Imported here: the SDK is the `dashboards` extra, and `grpo-sentinel rules` (Prometheus) needs none.
     from grafana_foundation_sdk.builders import alerting, expr as ex, prometheus
     from grafana_foundation_sdk.models import alerting as am, dashboard as dm
 
@@ -219,16 +220,19 @@ def rule(prom: dict, records: dict[str, str], g: GrafanaParams):
         raise ValueError("Grafana templates have no `query` function: keep run_id in group_by (the dashboard links "
                          "read the run from the alert's labels)")
     no_data, exec_err = _states(prom["labels"])
-    condition_label = prom["labels"]["condition"]
-    return (alerting.Rule(prom["alert"]).uid(f"{g.uid_prefix}-{condition_label}"[:40])
+    uid = f"{g.uid_prefix}-{prom['labels']['condition']}"
+    if len(uid) > 40:  # Grafana's limit; a uid must never be cut into another rule's
+        raise ValueError(f"rule uid {uid!r} is longer than Grafana's 40 characters: shorten uid_prefix")
+    return (alerting.Rule(prom["alert"]).uid(uid)
             .queries([query, reduce, condition]).condition(CONDITION)
             .for_val(prom.get("for", "0s")).no_data_state(no_data).exec_err_state(exec_err)
             .labels({k: v.replace("$", "$$") for k, v in labels.items()})  # labels are env-interpolated
             .annotations(annotations).is_paused(False))
 
 
-def _number(text: str):
-    return float(text) if re.fullmatch(_NUMBER, text) and "@" not in text else text
+def _number(text: str) -> float | str:
+    """The threshold; a Helm setting's placeholder stays text (rules_helm writes it as a bare number)."""
+    return text if text.startswith("@@") else float(text)
 
 
 GROUP_FIELDS = ("folderUID", "orgID", "ruleGroup")  # the SDK rule's; the file says them once per group
