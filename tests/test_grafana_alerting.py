@@ -5,12 +5,16 @@ threshold, labels, annotations, `for:`), fires exactly when it does on every sce
 diagnosis zoo (promtool, the Grafana evaluation written as PromQL), and every provisioning file
 holds only the fields Grafana's provisioning types read, with the values they accept.
 
-Grafana's file-provisioning contract is read from grafana/grafana's source:
-pkg/services/provisioning/alerting/rules_types.go (AlertRuleGroupV1, AlertRuleV1, QueryV1) at
-0085cf86, contact_point_types.go (ContactPointV1, ReceiverV1), notification_policy_types.go (a
+Grafana's file-provisioning contract is read from grafana/grafana's source, main branch, under
+pkg/services/provisioning/: alerting/rules_types.go at 0085cf86 (AlertRuleGroupV1, AlertRuleV1,
+QueryV1), alerting/contact_point_types.go at 01b1f535 (ContactPointV1, ReceiverV1: a receiver
+without settings is refused), alerting/notification_policy_types.go at 031be638 (a
 definition.Route: receiver, group_by, object_matchers, routes, continue, group_wait,
-group_interval, repeat_interval, mute_time_intervals), mute_times_types.go and
-values/values.go (labels and contact point settings are env-interpolated: `$$` is a literal `$`).
+group_interval, repeat_interval, mute_time_intervals), alerting/mute_times_types.go at 0aff354e
+(an Alertmanager MuteTimeInterval), alerting/types.go at 10a47ba6 (the file's top-level keys) and
+values/values.go at 03d9862a (labels and contact point settings are env-interpolated; `$$` is a
+literal `$`). Grafana decodes the YAML without rejecting unknown fields; the checks here do reject
+them, so that a misspelt field fails here instead of vanishing there.
 """
 
 from __future__ import annotations
