@@ -72,7 +72,9 @@ def test_the_cli_prints_them_with_the_same_settings():
     runaway = next(r for _, r in grafana_rules(rulegen.RuleParams(window=600)) if r["title"] == "GRPOKLRunaway")
     assert "[10m]" in runaway["data"][0]["model"]["expr"]
     bad = subprocess.run(cli("rules", "--set", "folder=ML"), capture_output=True, text=True)
-    assert bad.returncode == 2 and "need --format grafana" in bad.stderr and not bad.stdout
+    assert bad.returncode == 2 and "folder=ML: Grafana's settings need --format grafana" in bad.stderr and not bad.stdout
+    bad = subprocess.run(cli("rules", "--format", "grafana", "--set", "foldr=ML"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown rule setting 'foldr'" in bad.stderr and "also datasource, folder" in bad.stderr
     bad = subprocess.run(cli("rules", "--format", "grafana", "--set", "uid_prefix=has space"), capture_output=True, text=True)
     assert bad.returncode == 2 and "uid_prefix='has space'" in bad.stderr and not bad.stdout
 

@@ -95,17 +95,18 @@ def diagnose_command(args) -> int:
 
 def rules_command(settings: list[str], fmt: str = "prometheus") -> int:
     """Print the rules as Prometheus rules or as Grafana-managed rules (the same rules: rules_grafana.py)."""
+    from grpo_sentinel.telemetry.health import rules_grafana
     from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
 
     try:
-        if fmt == "grafana":
-            from grpo_sentinel.telemetry.health import rules_grafana
-            grafana, settings = rules_grafana.with_grafana_settings(settings)
-        params = with_settings(RuleParams(), settings)
+        grafana, rest = rules_grafana.with_grafana_settings(settings)
+        if fmt != "grafana" and rest != settings:
+            raise ValueError(f"{', '.join(s for s in settings if s not in rest)}: Grafana's settings need --format grafana")
+        params = with_settings(RuleParams(), rest)
     except ValueError as e:
-        names = "" if fmt == "grafana" or "unknown rule setting" not in str(e) else \
-            " (datasource, folder, interval, org and uid_prefix need --format grafana)"
-        print(f"grpo-sentinel rules: {e}{names}", file=sys.stderr)
+        more = ("; with --format grafana also " + ", ".join(rules_grafana.GRAFANA_SETTINGS)
+                if "unknown rule setting" in str(e) else "")
+        print(f"grpo-sentinel rules: {e}{more}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if fmt == "grafana":
         try:
