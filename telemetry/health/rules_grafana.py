@@ -7,7 +7,9 @@ Each rule is three steps on the Prometheus data source (built with grafana-found
 alerting and expression models):
   A  the alert's PromQL, an instant query, the recording rules it reads written out in place (so
      the rules need only the scraped series: no PrometheusRule has to be loaded for them);
-  B  reduce A to its last value (the value Prometheus calls `$value`);
+  B  reduce A to its last value, the value Prometheus calls `$value` (on an instant query Grafana
+     passes the number through, pkg/expr/commands.go; the step keeps the pipeline Grafana's editor
+     makes, and right if A is switched to a range query);
   C  the condition. Where the PromQL is `VALUE op NUMBER [and|unless FILTERS]` (most rows), A is
      `VALUE [and|unless FILTERS]` and C a threshold `op NUMBER` on B, the same comparison Grafana
      shows on the rule's graph; otherwise (an `or` of two readings, a comparison with another
