@@ -25,14 +25,17 @@ def test_the_committed_service_dashboard_is_the_generated_one():
 def test_every_service_query_returns_data_from_a_daemon_training_two_runs(prometheus, tmp_path, demo_dir):
     query, target, web = prometheus
     t0 = time.time()
-    d = Daemon(tmp_path / "state", port=target, env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")})
+    d = Daemon(tmp_path / "state", "--reward-module", "test_daemon", port=target,
+               env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")})
     try:
         d.ready()
         # linger: a short run ends within a scrape of its last step; a scrape must see it.
-        d.call("POST", "/v1/runs", {"run": {"steps": 6, "run_id": "ok", "sample_every": 6}, "data": {"eval_size": 20},
-                                    "telemetry": {"linger_s": 1}})
-        d.call("POST", "/v1/runs", {"run": {"steps": 12, "run_id": "dies", "sample_every": 6}, "data": {"eval_size": 20},
-                                    "rewards": [{"name": "test_daemon:crash_at_step_3"}]})
+        for run in ({"run": {"steps": 6, "run_id": "ok", "sample_every": 6}, "data": {"eval_size": 20},
+                     "telemetry": {"linger_s": 1}},
+                    {"run": {"steps": 12, "run_id": "dies", "sample_every": 6}, "data": {"eval_size": 20},
+                     "rewards": [{"name": "test_daemon:crash_at_step_3"}]}):
+            status, body = d.call("POST", "/v1/runs", run)
+            assert status == 201, body
         d.wait_status("dies", {"failed"})
         # Firing, and on the range queries' grid (a step of 0.5 s): the run that died pages.
         assert wait_for(lambda: query_range(web, 'ALERTS{alertname="GRPORunFailed", alertstate="firing"}', t0, time.time()),
