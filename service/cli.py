@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                             "langfuse=URL of the Langfuse project (alerts link the run's generations), "
                             "group_by=job,instance,run_id (the labels every rule aggregates by), or any "
                             "detector threshold, e.g. kl_bound=0.5 (repeatable; each is checked against its domain)")
+    rules.add_argument("--format", choices=["prometheus", "grafana"], default="prometheus",
+                       help="prometheus: a Prometheus rule file; grafana: the same rules as Grafana-managed alert rules "
+                            "(file provisioning), with datasource=UID, folder=, interval=1m, org=1, uid_prefix=grpo settable")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
     serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start, "
                                                         "reward_modules, allowed_paths, limits)")
@@ -147,7 +150,7 @@ def _diagnose(args) -> int:
 
 
 def _rules(args) -> int:
-    return health_cli.rules_command(args.settings)
+    return health_cli.rules_command(args.settings, args.format)
 
 
 class Signals:

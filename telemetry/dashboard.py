@@ -1,6 +1,8 @@
-"""The Grafana dashboard, as code: `python -m grpo_sentinel.telemetry.dashboard > grafana/dashboards/grpo-health.json`
-(a test keeps the committed JSON equal, and runs every query against a real Prometheus scraping a
-real trainer).
+"""The Grafana dashboards, as code: `python -m grpo_sentinel.telemetry.dashboard > grafana/dashboards/grpo-health.json`
+(one run's health) and `python -m grpo_sentinel.telemetry.dashboard service > grafana/dashboards/grpo-service.json`
+(the daemon: its runs, its queue, the alerts of each run). Tests keep the committed JSON equal, and
+run every query against a real Prometheus scraping a real trainer (the run's) and a real daemon
+training two runs (the service's).
 
 Built with grafana-foundation-sdk (typed builders for the Grafana 10.1 schema). Panels read the
 exported series as docs/metrics.md names them; each description says how to read the panel, in
@@ -13,7 +15,7 @@ import json
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline, timeseries
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common, dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
@@ -30,6 +32,7 @@ RUN = 'job=~"$job", run_id="$run"'
 # Where the run's generations open in Langfuse: the trace exporter uses the run id as the Langfuse
 # session id, so the session page lists every traced generation of the run.
 LANGFUSE = "${langfuse_url}/project/${langfuse_project}/sessions/${run:percentencode}"
+RUN_LINK = db.DashboardLink("Generations of run ${run} in Langfuse (its session)").url(LANGFUSE)
 
 
 def _q(expr: str, legend: str = "", fmt: PromQueryFormat | None = None) -> prometheus.Dataquery:
@@ -51,13 +54,13 @@ def _read(*rows: str) -> str:
 
 
 def _timeseries(title: str, description: str, targets: list, unit: str = "none", lo: float | None = None,
-                hi: float | None = None, w: int = 12) -> timeseries.Panel:
+                hi: float | None = None, w: int = 12, links: tuple = (RUN_LINK,)) -> timeseries.Panel:
     p = (timeseries.Panel().title(title).description(description).datasource(DS).unit(unit).span(w).height(8)
          .line_width(1).fill_opacity(0).show_points(common.VisibilityMode.NEVER)
          .legend(cb.VizLegendOptions().show_legend(True).display_mode(common.LegendDisplayMode.LIST)
                  .placement(common.LegendPlacement.BOTTOM))
          .tooltip(cb.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.NONE))
-         .data_links([db.DashboardLink("Generations of run ${run} in Langfuse (its session)").url(LANGFUSE)]))
+         .data_links(list(links)))
     if lo is not None:
         p = p.min(lo)
     if hi is not None:
@@ -207,29 +210,118 @@ def panels() -> list[tuple[str, list]]:
             ("Ranks", ranks)]
 
 
-def variables() -> list:
-    return [
-        db.DatasourceVariable("datasource").label("Prometheus").type("prometheus"),
-        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(target_info{service_name=\"grpo-sentinel\"}, job)")
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
-        db.QueryVariable("run").label("Run").datasource(DS).query('label_values(grpo_step{job=~"$job"}, run_id)')
-        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .description("The run id (grpo.run_id, the run_id label of every series): one run, on whichever trainers it ran."),
+def _common_variables() -> tuple[list, list]:
+    """(the data source, the moving-average window and Langfuse's address): both dashboards ask them."""
+    return ([db.DatasourceVariable("datasource").label("Prometheus").type("prometheus")], [
         db.CustomVariable("window").label("Moving average").values("5m,1m,2m,10m,30m,1h")
         .description("Window of the moving means; 5m is the alert rules' default window."),
         db.TextBoxVariable("langfuse_url").label("Langfuse").default_value("http://langfuse:3000")
         .description("Base URL of the Langfuse the trainer sends generations to (panel data links open there)."),
         db.TextBoxVariable("langfuse_project").label("Langfuse project").default_value("grpo-sentinel")
         .description("Langfuse project id: the data links open the run's session (session id = run id) in it."),
+    ])
+
+
+def variables() -> list:
+    source, common = _common_variables()
+    return [
+        *source,
+        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(target_info{service_name=\"grpo-sentinel\"}, job)")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
+        db.QueryVariable("run").label("Run").datasource(DS).query('label_values(grpo_step{job=~"$job"}, run_id)')
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .description("The run id (grpo.run_id, the run_id label of every series): one run, on whichever trainers it ran."),
+        *common,
     ]
 
 
-def build() -> dict:
-    d = (db.Dashboard("GRPO training health").uid("grpo-health").tags(["grpo", "grpo-sentinel"]).editable()
-         .description("grpo-sentinel: the health table on a live GRPO run. Generated by telemetry/dashboard.py.")
-         .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-6h", "now").refresh("30s")
-         .variables(variables()))
-    for title, row in panels():
+# --- the service dashboard: the daemon's runs ----------------------------------------------------------
+
+DAEMON = 'job=~"$job"'  # the daemon's pods; its runs are told apart by run_id
+# Each run's own dashboard and its generations, from a table row or a series of that run.
+RUN_DASHBOARD = "/d/grpo-health?var-job=${job:queryparam}&var-run=${__data.fields.run_id:percentencode}"
+RUN_GENERATIONS = "${langfuse_url}/project/${langfuse_project}/sessions/${__data.fields.run_id:percentencode}"
+SERIES_DASHBOARD = "/d/grpo-health?var-job=${job:queryparam}&var-run=${__field.labels.run_id:percentencode}"
+SERIES_GENERATIONS = "${langfuse_url}/project/${langfuse_project}/sessions/${__field.labels.run_id:percentencode}"
+SERIES_LINKS = (db.DashboardLink("Health of run ${__field.labels.run_id}").url(SERIES_DASHBOARD),
+                db.DashboardLink("Generations of run ${__field.labels.run_id} in Langfuse").url(SERIES_GENERATIONS))
+FINISHED_BADLY = 'status=~"failed|halted|preempted"'
+HEALTH_LEVELS = [dm.ValueMap(options={"0": dm.ValueMappingResult(text="healthy", color="green"),
+                                      "1": dm.ValueMappingResult(text="warning", color="orange"),
+                                      "2": dm.ValueMappingResult(text="critical", color="red")})]
+
+
+def _d(metric: str, extra: str = "") -> str:
+    return f"{metric}{{{DAEMON}{', ' + extra if extra else ''}}}"
+
+
+def _worst_condition() -> str:
+    """Per run: 2 while a critical condition holds, 1 while only a warning does, else 0 (a run exports
+    every condition, active or not; `or` adds the warnings' series, which carry other labels)."""
+    critical = _d("grpo_health_condition", 'severity="critical"')
+    warning = _d("grpo_health_condition", 'severity="warning"')
+    return f"max by (run_id) (\n  2 * {critical}\n  or {warning}\n)"
+
+
+def service_panels() -> list[tuple[str, list]]:
+    runs = [
+        _stat("Queued", "Runs waiting for the trainer (POST /v1/runs queues them; one trains at a time).",
+              "sum(" + _d("grpo_runs", 'status="queued"') + ")"),
+        _stat("Training", "Runs training now: 1 while the daemon works, 0 while it is idle.",
+              "sum(" + _d("grpo_runs", 'status="running"') + ")"),
+        _stat("Failed, halted, preempted", "Runs that ended badly in the range, by how: failed (the run's error in "
+              "GET /v1/runs/<id>; GRPORunFailed pages), halted (a critical condition stopped it), preempted (the pod "
+              "stopped; it resumes at the next start).",
+              f"sum by (status) (increase({_d('grpo_runs_finished_total', FINISHED_BADLY)}[$__range]))", legend="{{status}}"),
+        _timeseries("Runs by status", "The daemon's runs by status over time (grpo_runs, counted from the run "
+                    "directories at every scrape): the queue draining, runs finishing, failures piling up.",
+                    [_q(f"sum by (status) ({_d('grpo_runs')})", "{{status}}")], lo=0, w=24, links=()),
+        _timeseries("Runs ended", "Runs that ended per $window, by how (grpo_runs_finished_total).",
+                    [_q(f"sum by (status) (increase({_d('grpo_runs_finished_total')}[$window]))", "{{status}}")],
+                    lo=0, w=24, links=()),
+    ]
+    active = [
+        _timeseries("Step of each run", "The last completed step of each run: one line per run, the active one "
+                    "rising. A flat line while its run trains is GRPOTrainingStalled. Click a line for its dashboard.",
+                    [_q(f"max by (run_id) ({_d('grpo_step')})", "{{run_id}}")], lo=0, links=SERIES_LINKS),
+        (statetimeline.Panel().title("Health of each run").datasource(DS).span(12).height(8)
+         .description("Worst health-table condition the trainer's monitor finds on each run: green healthy, orange "
+                      "a warning, red a critical condition (its run dashboard says which).")
+         .show_value(common.VisibilityMode.NEVER).merge_values(True).mappings(HEALTH_LEVELS)
+         .data_links(list(SERIES_LINKS))
+         .with_target(_q(_worst_condition(), "{{run_id}}").ref_id("A"))),
+        _timeseries("Steps per minute", "Optimizer steps per minute of each run over $window.",
+                    [_q(f"60 * sum by (run_id) (rate({_d('grpo_steps_total')}[$window]))", "{{run_id}}")],
+                    lo=0, links=SERIES_LINKS),
+    ]
+    alerts = [
+        _timeseries("Alerts firing", "GRPO* alerts firing, per run and alert (Prometheus's ALERTS series: the rules "
+                    "of deploy/prometheus/grpo-rules.yml). An alert without a run (GRPORunFailed) is the daemon's. "
+                    "Grafana-managed rules are listed under Alerting > Alert rules instead.",
+                    [_q(f'count by (run_id, alertname, severity) (ALERTS{{alertstate="firing", alertname=~"GRPO.+", {DAEMON}}})',
+                        "{{alertname}} {{run_id}} ({{severity}})")], lo=0, w=24, links=SERIES_LINKS),
+        (table.Panel().title("Runs").datasource(DS).span(24).height(8)
+         .description("Every run seen in the range with its last step: click its id for its health dashboard, or its "
+                      "Generations cell for its Langfuse session.")
+         .with_target(_q(f"max by (run_id) (last_over_time({_d('grpo_step')}[$__range]))", "",
+                         PromQueryFormat.TABLE).instant().ref_id("A"))
+         .override_by_name("run_id", [dm.DynamicConfigValue("links", [
+             {"title": "Health of run ${__data.fields.run_id}", "url": RUN_DASHBOARD},
+             {"title": "Generations of run ${__data.fields.run_id} in Langfuse", "url": RUN_GENERATIONS}])])
+         .override_by_name("Value", [dm.DynamicConfigValue("displayName", "last step")])),
+    ]
+    return [("Runs", runs), ("Each run", active), ("Alerts and links", alerts)]
+
+
+def service_variables() -> list:
+    source, common = _common_variables()
+    return [*source, db.QueryVariable("job").label("Job").datasource(DS).query("label_values(grpo_runs, job)")
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .description("The daemon's scrape job (its pods: grpo_runs is the daemon's own series)."), *common]
+
+
+def _board(d: db.Dashboard, rows: list[tuple[str, list]]) -> dict:
+    for title, row in rows:
         d = d.with_row(db.Row(title))
         for p in row:
             d = d.with_panel(p)
@@ -241,8 +333,27 @@ def build() -> dict:
     return board
 
 
-def render() -> str:
-    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+def build() -> dict:
+    return _board(db.Dashboard("GRPO training health").uid("grpo-health").tags(["grpo", "grpo-sentinel"]).editable()
+                  .description("grpo-sentinel: the health table on a live GRPO run. Generated by telemetry/dashboard.py.")
+                  .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-6h", "now").refresh("30s")
+                  .variables(variables()), panels())
+
+
+def build_service() -> dict:
+    return _board(db.Dashboard("GRPO service").uid("grpo-service").tags(["grpo", "grpo-sentinel"]).editable()
+                  .description("grpo-sentinel's daemon: its runs by status, the queue, each run's step and health, the "
+                               "alerts firing per run, and links to each run's dashboard (grpo-health) and generations. "
+                               "Generated by telemetry/dashboard.py.")
+                  .tooltip(dm.DashboardCursorSync.CROSSHAIR).time("now-24h", "now").refresh("30s")
+                  .variables(service_variables()), service_panels())
+
+
+BOARDS = {"health": build, "service": build_service}  # `python -m grpo_sentinel.telemetry.dashboard [NAME]`
+
+
+def render(name: str = "health") -> str:
+    return json.dumps(BOARDS[name](), indent=2, sort_keys=True) + "\n"
 
 
 def queries(board: dict) -> list[tuple[str, str]]:
@@ -251,4 +362,6 @@ def queries(board: dict) -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    print(render(*sys.argv[1:2]), end="")

@@ -24,7 +24,8 @@ import yaml
 
 from conftest import REPO
 from grpo_sentinel.telemetry.health import rules as rulegen
-from grpo_sentinel.telemetry.health import rules_helm
+from grpo_sentinel.telemetry.health import rules_grafana, rules_helm
+from test_grafana_alerting import check_rule_file
 
 CHART = REPO / "deploy" / "helm" / "grpo-sentinel"
 CI = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CHART / "ci").glob("*.yaml"))}
@@ -170,6 +171,9 @@ BAD_VALUES = [
     ({"prometheusRule": {"settings": {"window": "5x"}}}, "at '/prometheusRule/settings/window': '5x' does not match"),
     ({"prometheusRule": {"settings": {"kl_bound": "high"}}}, "at '/prometheusRule/settings/kl_bound': got string, want number"),
     ({"startupProbe": {"httpGet": {"path": "/"}}}, "at '/startupProbe': additional properties 'httpGet' not allowed"),
+    ({"grafanaAlerts": {"uidPrefix": "has space"}}, "at '/grafanaAlerts/uidPrefix': 'has space' does not match"),
+    ({"grafanaAlerts": {"orgId": 0}}, "at '/grafanaAlerts/orgId': minimum: got 0, want 1"),
+    ({"grafanaAlerts": {"interval": "1 minute"}}, "at '/grafanaAlerts/interval': '1 minute' does not match"),
 ]
 
 
@@ -442,10 +446,61 @@ def test_schema_lists_exactly_the_generators_settings():
         assert settings["properties"][name]["type"] == want, name
 
 
+def _grafana_alerts(values: dict) -> dict:
+    cm = one(merged({"grafanaAlerts": {"enabled": True}}, values), "ConfigMap", f"{RELEASE}-grpo-sentinel-grafana-alerts")
+    return _floats(yaml.safe_load(cm["data"]["grpo-alert-rules.yaml"]))
+
+
+def _floats(doc):
+    """Thresholds as numbers: Helm prints 1e-06 for 0.000001, a float to Grafana's YAML 1.2, a string to PyYAML's 1.1."""
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            for c in r["data"][2]["model"].get("conditions", []):
+                c["evaluator"]["params"] = [float(x) for x in c["evaluator"]["params"]]
+    return doc
+
+
+def _grafana_expected(settings: dict, grafana: str, g: dict) -> dict:
+    p = rulegen.with_settings(rulegen.RuleParams(), [f"{k}={v}" for k, v in settings.items()] + ([f"grafana={grafana}"] if grafana else []))
+    names = {"datasourceUid": "datasource", "folder": "folder", "interval": "interval", "orgId": "org", "uidPrefix": "uid_prefix"}
+    return _floats(rules_grafana.provisioning(p, rules_grafana.GrafanaParams(**{names[k]: v for k, v in g.items() if k in names})))
+
+
+@pytest.mark.parametrize("settings,grafana", [
+    (EVERYTHING["prometheusRule"]["settings"], EVERYTHING["grafanaUrl"]),
+    (_doubled(), ""),
+    ({"window": 90, "pending": 0, "stall": "1h30m"}, "https://grafana.example.com"),
+], ids=["everything-on", "all-doubled", "seconds-and-zero-pending"])
+def test_grafana_alerts_from_values_equal_the_generator(settings, grafana):
+    """The chart's Grafana rules are `grpo-sentinel rules --format grafana` with the same settings, the same
+    as its PrometheusRule's (prometheusRule.settings, whether or not the PrometheusRule is on)."""
+    g = {"datasourceUid": "mimir", "folder": "ML: training", "interval": "30s", "orgId": 3, "uidPrefix": "grpo-b"}
+    values = {"prometheusRule": {"settings": settings}, "grafanaUrl": grafana, "grafanaAlerts": g}
+    got = _grafana_alerts(values)
+    assert got == _grafana_expected(settings, grafana, g)
+    assert got["groups"][0]["folder"] == "ML: training"  # a name YAML would misread unquoted
+    check_rule_file(got)
+
+
+def test_prometheus_rules_grafana_rules_or_both():
+    for prom, graf in ((False, False), (True, False), (False, True), (True, True)):
+        objs = manifests({"prometheusRule": {"enabled": prom}, "grafanaAlerts": {"enabled": graf}})
+        assert any(o["kind"] == "PrometheusRule" for o in objs) == prom
+        assert any(o["metadata"]["name"].endswith("-grafana-alerts") for o in objs) == graf
+    default = one({"grafanaAlerts": {"enabled": True}}, "ConfigMap", f"{RELEASE}-grpo-sentinel-grafana-alerts")
+    assert default["metadata"]["labels"]["grafana_alert"] == "1"  # kube-prometheus-stack's alerts sidecar
+    assert _floats(yaml.safe_load(default["data"]["grpo-alert-rules.yaml"])) == _floats(rules_grafana.provisioning())
+    cm = one(EVERYTHING, "ConfigMap", "grpo-grafana-alerts")
+    assert cm["metadata"]["labels"]["grafana_alert"] == "true"
+    assert len(json.dumps(cm)) < 1 << 20  # a ConfigMap holds at most 1 MiB
+    assert "configmap/grpo-grafana-alerts" in notes(EVERYTHING) and "grafana-alerts" not in notes()
+
+
 def test_dashboard_configmap_holds_the_dashboard_byte_for_byte():
     assert not [m for m in manifests() if m["metadata"]["name"].endswith("-dashboard")]  # off by default
     cm = one(EVERYTHING, "ConfigMap", "grpo-dashboard")
     assert cm["data"]["grpo-health.json"] == (REPO / "grafana" / "dashboards" / "grpo-health.json").read_text()
+    assert cm["data"]["grpo-service.json"] == (REPO / "grafana" / "dashboards" / "grpo-service.json").read_text()
     assert cm["metadata"]["labels"]["example.com/grafana-dashboard"] == "true"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "GRPO"}
     assert len(json.dumps(cm)) < 1 << 20  # a ConfigMap holds at most 1 MiB

@@ -4,6 +4,7 @@ only catalogue metrics, runbook anchors that exist."""
 import re
 import subprocess
 
+import pytest
 import yaml
 
 from conftest import REPO, cli
@@ -107,14 +108,16 @@ def grafana_to_promql(expr: str) -> str:
     return expr
 
 
-def test_committed_dashboard_is_the_generated_one_and_reads_as_a_grafana_dashboard():
+@pytest.mark.parametrize("name,file", [("health", "grpo-health.json"), ("service", "grpo-service.json")])
+def test_committed_dashboard_is_the_generated_one_and_reads_as_a_grafana_dashboard(name, file):
     import json
 
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
-    path = REPO / "grafana" / "dashboards" / "grpo-health.json"
-    assert path.read_text() == dashboard.render(), "run: python -m grpo_sentinel.telemetry.dashboard > grafana/dashboards/grpo-health.json"
+    path = REPO / "grafana" / "dashboards" / file
+    assert path.read_text() == dashboard.render(name), \
+        f"run: python -m grpo_sentinel.telemetry.dashboard {name} > grafana/dashboards/{file}"
     # The SDK's Grafana 10.1 model reads it back to the same JSON: nothing outside the schema. (It
     # re-adds the schema's default variable id, which build() drops on purpose.)
     board = json.loads(path.read_text())
@@ -148,6 +151,35 @@ def test_dashboard_queries_parse_and_use_only_catalogue_metrics(tmp_path, promto
     assert links and set(links) == {"${langfuse_url}/project/${langfuse_project}/sessions/${run:percentencode}"}
     kinds = {p["type"] for p in panels}
     assert {"timeseries", "heatmap", "state-timeline", "stat"} <= kinds
+
+
+def test_service_dashboard_queries_parse_and_use_only_daemon_and_catalogue_metrics(tmp_path, promtool):
+    board = dashboard.build_service()
+    qs = dashboard.queries(board)
+    used = set().union(*(metric_names(e) for _, e in qs))
+    assert {"grpo_runs", "grpo_runs_finished_total", "grpo_step", "grpo_health_condition"} <= used <= CATALOGUE_NAMES
+    assert any("ALERTS{" in e for _, e in qs)  # alerts firing per run
+    vars_ = {"$job": "grpo", "$window": "5m", "$__range": "1h"}
+    doc = {"groups": [{"name": "service", "rules": [{"record": f"q:{i}", "expr": _with(e, vars_)} for i, (_, e) in enumerate(qs)]}]}
+    (tmp_path / "q.yml").write_text(yaml.safe_dump(doc))
+    p = subprocess.run([promtool, "check", "rules", str(tmp_path / "q.yml")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert all(p.get("description") for p in panels) and len({p["id"] for p in board["panels"]}) == len(board["panels"])
+    links = {link["url"] for p in panels for link in p.get("fieldConfig", {}).get("defaults", {}).get("links", [])}
+    links |= {link["url"] for p in panels for o in p.get("fieldConfig", {}).get("overrides", [])
+              for prop in o["properties"] if prop["id"] == "links" for link in prop["value"]}
+    # Every run links to its own health dashboard and its Langfuse session (session id = run id).
+    assert links == {dashboard.RUN_DASHBOARD, dashboard.RUN_GENERATIONS, dashboard.SERIES_DASHBOARD, dashboard.SERIES_GENERATIONS}
+    assert all(u.startswith("/d/grpo-health?") for u in links if "langfuse" not in u)
+    assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "job", "window", "langfuse_url", "langfuse_project"}
+
+
+def _with(expr: str, values: dict[str, str]) -> str:
+    for var, value in values.items():
+        expr = expr.replace(var, value)
+    assert "$" not in expr, expr
+    return expr
 
 
 def test_the_example_prometheus_config_loads_the_rules(promtool):

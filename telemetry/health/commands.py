@@ -93,13 +93,32 @@ def diagnose_command(args) -> int:
     return 0
 
 
-def rules_command(settings: list[str]) -> int:
+def rules_command(settings: list[str], fmt: str = "prometheus") -> int:
+    """Print the rules as Prometheus rules or as Grafana-managed rules (the same rules: rules_grafana.py)."""
+    from grpo_sentinel.telemetry.health import rules_grafana
     from grpo_sentinel.telemetry.health.rules import RuleParams, render, with_settings
 
     try:
-        params = with_settings(RuleParams(), settings)
+        grafana, rest = rules_grafana.with_grafana_settings(settings)
+        if fmt != "grafana" and rest != settings:
+            raise ValueError(f"{', '.join(s for s in settings if s not in rest)}: Grafana's settings need --format grafana")
+        params = with_settings(RuleParams(), rest)
     except ValueError as e:
-        print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+        more = ("; with --format grafana also " + ", ".join(rules_grafana.GRAFANA_SETTINGS)
+                if "unknown rule setting" in str(e) else "")
+        print(f"grpo-sentinel rules: {e}{more}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if fmt == "grafana":
+        try:
+            text = rules_grafana.render(params, grafana)
+        except ImportError:
+            print("grpo-sentinel rules: --format grafana needs grafana-foundation-sdk: pip install 'grpo-sentinel[dashboards]'",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except ValueError as e:
+            print(f"grpo-sentinel rules: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(text, end="")
+        return 0
     print(render(params), end="")
     return 0

@@ -133,7 +133,7 @@ groups:
   rules:
   - alert: GRPORewardSaturated
     expr: grpo:train_accuracy:avg_w >= {{ printf "%.6g" (float64 $saturated) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: reward_saturated
@@ -148,7 +148,7 @@ groups:
 {{- end }}
   - alert: GRPOSignalVanished
     expr: grpo:frac_zero_std:avg_w >= {{ printf "%.6g" (float64 $zero_signal) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: signal_vanished
@@ -191,7 +191,7 @@ groups:
 {{- end }}
   - alert: GRPOPlateauKLFlat
     expr: grpo:kl_mean:avg_w < {{ printf "%.6g" (float64 $kl_flat) }} and abs(grpo:reward_mean:gain_2w) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: plateau_kl_flat
@@ -213,7 +213,7 @@ groups:
         and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
       )
       unless grpo:kl_mean:avg_w < {{ printf "%.6g" (float64 $kl_flat) }}
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: plateau_grader_loose
@@ -232,7 +232,7 @@ groups:
       and max by (job, instance, run_id) (grpo_group_size) <= {{ $small_group }}
       and abs(grpo:reward_mean:gain_2w) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: plateau_small_group
@@ -266,7 +266,7 @@ groups:
       grpo:kl_mean:avg_w > {{ printf "%.6g" (float64 $kl_bound) }}
       and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: critical
       condition: kl_runaway
@@ -286,7 +286,7 @@ groups:
       and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev
       and grpo:frac_zero_std:avg_w >= {{ printf "%.6g" (float64 $kl_dominant_zero) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: critical
       condition: kl_dominant
@@ -307,7 +307,7 @@ groups:
         > 14.9666 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: kl_acceleration
@@ -326,7 +326,7 @@ groups:
       and grpo:entropy_mean:avg_w <= grpo:entropy_mean:avg_w_prev
       and abs(grpo:reward_mean:avg_w - grpo:reward_mean:avg_w_prev) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: entropy_collapse
@@ -348,7 +348,7 @@ groups:
         and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev
         and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
       )
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: critical
       condition: entropy_blowup
@@ -384,7 +384,7 @@ groups:
       and grpo:reward_mean:avg_w > grpo:reward_mean:avg_w_prev
       and grpo:frac_zero_std:avg_w < {{ printf "%.6g" (float64 $exploration_signal) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: info
       condition: exploration
@@ -438,7 +438,7 @@ groups:
       and grpo:steps:seen_2w >= 10
       and abs(grpo:reward_mean:gain_2w) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: kl_only_learning
@@ -476,7 +476,7 @@ groups:
         and grpo:completion_length:mean_w{correct="false"} > grpo:completion_length:mean_w_prev{correct="false"}
         and ignoring (correct) max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
       )
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: length_pathology
@@ -556,7 +556,7 @@ groups:
 {{- end }}
   - alert: GRPOMetricsExportFailing
     expr: sum by (job, instance, run_id) (increase(grpo_telemetry_export_failures_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) > 0
-    for: '{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}'
+    for: {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}
     labels:
       severity: warning
       condition: metrics-export-failing
@@ -571,7 +571,7 @@ groups:
 {{- end }}
   - alert: GRPOTracesDropped
     expr: sum by (job, instance, run_id, reason) (increase(grpo_traces_dropped_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) > 0
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: traces-dropped
@@ -603,7 +603,7 @@ groups:
     expr: |-
       max by (job, instance, run_id) (grpo:rank_busy_seconds:avg_w) > {{ printf "%.6g" (float64 $straggler) }} * min by (job, instance, run_id) (grpo:rank_busy_seconds:avg_w)
       and count by (job, instance, run_id) (grpo:rank_busy_seconds:avg_w) > 1
-    for: '{{ include "grpo-sentinel.rules.duration" $pending }}'
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: rank-straggler
@@ -616,4 +616,1661 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+{{- end }}
+
+{{- /* The same rules as Grafana-managed rules (rules_grafana.provisioning), a provisioning file. */}}
+{{- define "grpo-sentinel.rules.grafana" -}}
+{{- $s := .Values.prometheusRule.settings -}}
+{{- $grafana := .Values.grafanaUrl | toString -}}
+{{- $window := include "grpo-sentinel.rules.seconds" (list "window" (dig "window" 300 $s) true) | int64 -}}
+{{- $pending := include "grpo-sentinel.rules.seconds" (list "pending" (dig "pending" 120 $s) false) | int64 -}}
+{{- $stall := include "grpo-sentinel.rules.seconds" (list "stall" (dig "stall" 900 $s) true) | int64 -}}
+{{- $max_reward := dig "max_reward" 1.0 $s | float64 -}}
+{{- $runbook := dig "runbook" "docs/runbook.md" $s | toString -}}
+{{- $straggler := dig "straggler" 1.5 $s | float64 -}}
+{{- $adv_mean_tol := dig "adv_mean_tol" 0.001 $s | float64 -}}
+{{- $nonfinite_run := dig "nonfinite_run" 3 $s | int64 -}}
+{{- $saturated := dig "saturated" 0.95 $s | float64 -}}
+{{- $zero_signal := dig "zero_signal" 0.9 $s | float64 -}}
+{{- $kl_flat := dig "kl_flat" 0.001 $s | float64 -}}
+{{- $reward_drop := dig "reward_drop" 0.05 $s | float64 -}}
+{{- $loose_gap := dig "loose_gap" 0.3 $s | float64 -}}
+{{- $loose_reward := dig "loose_reward" 0.7 $s | float64 -}}
+{{- $small_group := dig "small_group" 4 $s | int64 -}}
+{{- $small_group_zero := dig "small_group_zero" 0.4 $s | float64 -}}
+{{- $kl_bound := dig "kl_bound" 1.0 $s | float64 -}}
+{{- $kl_dominant_min := dig "kl_dominant_min" 0.05 $s | float64 -}}
+{{- $kl_dominant_zero := dig "kl_dominant_zero" 0.95 $s | float64 -}}
+{{- $entropy_collapse := dig "entropy_collapse" 0.3 $s | float64 -}}
+{{- $entropy_blowup_lnv := dig "entropy_blowup_lnv" 0.8 $s | float64 -}}
+{{- $entropy_blowup_baseline := dig "entropy_blowup_baseline" 3.0 $s | float64 -}}
+{{- $entropy_blowup_rise_lnv := dig "entropy_blowup_rise_lnv" 0.1 $s | float64 -}}
+{{- $exploration_rise := dig "exploration_rise" 1.5 $s | float64 -}}
+{{- $exploration_signal := dig "exploration_signal" 0.5 $s | float64 -}}
+{{- $truncation := dig "truncation" 0.5 $s | float64 -}}
+{{- $wrong_longer := dig "wrong_longer" 1.5 $s | float64 -}}
+{{- $kl_accel_min := dig "kl_accel_min" 0.05 $s | float64 -}}
+{{- $g := .Values.grafanaAlerts -}}
+apiVersion: 1
+groups:
+- orgId: {{ $g.orgId | int64 }}
+  name: grpo-health
+  folder: {{ $g.folder | toJson }}
+  interval: {{ $g.interval | toJson }}
+  rules:
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: (avg by (job, instance, run_id) (avg_over_time(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $saturated) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPORewardSaturated
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: correctness {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} over {{ include "grpo-sentinel.rules.duration" $window }}: nothing left to learn'
+      description: The verifier accepts {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of completions over {{ include "grpo-sentinel.rules.duration" $window }} (threshold {{ printf "%.6g" (float64 $saturated) }}); groups are all-correct and carry no signal.
+      cause: task too easy; the learning signal is gone
+      action: stop early and keep the checkpoint; use harder prompts
+      runbook_url: '{{ $runbook }}#reward_saturated'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: reward_saturated
+    uid: '{{ $g.uidPrefix }}-reward_saturated'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $zero_signal) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOSignalVanished
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of groups carry no learning signal'
+      description: frac_zero_std averaged over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} (threshold {{ printf "%.6g" (float64 $zero_signal) }}); the all_correct / all_wrong split on the dashboard says whether the prompts are too easy or too hard.
+      cause: prompts too easy or too hard for the policy; G too small
+      action: raise G (8-16), dynamic sampling, a curriculum
+      runbook_url: '{{ $runbook }}#signal_vanished'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: signal_vanished
+    uid: '{{ $g.uidPrefix }}-signal_vanished'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: max by (job, instance, run_id) (abs(grpo_advantage_mean))
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $adv_mean_tol) }}
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOAdvMeanDrift
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: advantage mean {{ "{{" }} $values.B.Value {{ "}}" }} != 0: an implementation bug'
+      description: Per-sequence advantages must average to 0 within each group (tolerance {{ printf "%.6g" (float64 $adv_mean_tol) }}); the last step's mean is {{ "{{" }} $values.B.Value {{ "}}" }}.
+      cause: implementation bug in the advantage computation
+      action: halt the run
+      runbook_url: '{{ $runbook }}#adv_mean_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: adv_mean_drift
+    uid: '{{ $g.uidPrefix }}-adv_mean_drift'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: round(sum by (job, instance, run_id) (increase(grpo_updates_skipped_total{reason="nonfinite"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - 0.0
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPONonfinite
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $values.B.Value {{ "}}" }} update(s) skipped for NaN/Inf in the last {{ include "grpo-sentinel.rules.duration" $window }}'
+      description: 'Updates skipped because the loss or gradients were not finite: {{ "{{" }} $values.B.Value {{ "}}" }} in {{ include "grpo-sentinel.rules.duration" $window }}; {{ $nonfinite_run }} or more is critical.'
+      cause: numerics (overflow, a bad batch, a bad reward function)
+      action: skip the step; halt after N in a row
+      runbook_url: '{{ $runbook }}#nonfinite'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: '{{ "{{" }} if ge $$values.B.Value {{ printf "%.6g" (float64 (subf $nonfinite_run 0.5)) }} {{ "}}" }}critical{{ "{{" }} else {{ "}}" }}warning{{ "{{" }} end {{ "}}" }}'
+      condition: nonfinite
+    uid: '{{ $g.uidPrefix }}-nonfinite'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $kl_flat) }}
+            type: lt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOPlateauKLFlat
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} (~0) and reward flat: the policy is not moving'
+      description: Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} (below {{ printf "%.6g" (float64 $kl_flat) }}) and the reward changed by less than {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }} over {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}.
+      cause: beta too large, or sampling temperature too low
+      action: lower beta or use a KL schedule; raise the temperature
+      runbook_url: '{{ $runbook }}#plateau_kl_flat'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: plateau_kl_flat
+    uid: '{{ $g.uidPrefix }}-plateau_kl_flat'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (
+            ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) / {{ printf "%.6g" (float64 $max_reward) }} - (avg by (job, instance, run_id) (avg_over_time(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))))
+            and (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) / {{ printf "%.6g" (float64 $max_reward) }} >= {{ printf "%.6g" (float64 $loose_reward) }}
+            and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+            and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+          )
+          unless (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < {{ printf "%.6g" (float64 $kl_flat) }}
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $loose_gap) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOPlateauGraderLoose
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: reward {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} above what the verifier accepts, and flat'
+      description: Over {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }} the reward (as a fraction of {{ printf "%.6g" (float64 $max_reward) }}) exceeds the strict verifier's acceptance of the same completions by {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }}, while the reward is flat.
+      cause: 'verifier too loose: ''just hitting'' the format is rewarded'
+      action: tighten the verifier; multi-condition or partial credit
+      runbook_url: '{{ $runbook }}#plateau_grader_loose'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: plateau_grader_loose
+    uid: '{{ $g.uidPrefix }}-plateau_grader_loose'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and max by (job, instance, run_id) (grpo_group_size) <= {{ $small_group }}
+          and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $small_group_zero) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOPlateauSmallGroup
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: G <= {{ $small_group }}: reward flat, {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of groups without signal'
+      description: 'Completions per group <= {{ $small_group }}, {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of groups without signal and the reward flat: group statistics are too noisy to learn from.'
+      cause: 'G too small: noisy group statistics (variance of the mean ~ 1/G)'
+      action: raise G to 8-16
+      runbook_url: '{{ $runbook }}#plateau_small_group'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: plateau_small_group
+    uid: '{{ $g.uidPrefix }}-plateau_small_group'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="reward_hacking"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="reward_hacking"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPORewardHacking
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: reward_hacking (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports reward_hacking (signals: reward rising or high while sample_acc flat or falling beyond its noise; or, on the training samples, the verifier''s acceptance 10 % below its peak while an auxiliary reward holds). PromQL cannot express it: as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; its training-side half is a CUSUM (as correctness_drop). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the policy found a grader loophole
+      action: audit the grader; make format rewards conditional on correctness
+      runbook_url: '{{ $runbook }}#reward_hacking'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: reward_hacking
+    uid: '{{ $g.uidPrefix }}-reward_hacking'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $kl_bound) }}
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOKLRunaway
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} per token while reward falls'
+      description: Mean k3 KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} (bound {{ printf "%.6g" (float64 $kl_bound) }}) and the reward's {{ include "grpo-sentinel.rules.duration" $window }} mean is below the previous window's.
+      cause: policy drifting off the reference (reins too loose, LR too high)
+      action: raise beta, lower the LR, clip the update ratio
+      runbook_url: '{{ $runbook }}#kl_runaway'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: kl_runaway
+    uid: '{{ $g.uidPrefix }}-kl_runaway'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > 2 * (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))) >= {{ printf "%.6g" (float64 $kl_dominant_zero) }}
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $kl_dominant_min) }}
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOKLDominant
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL rising to {{ "{{" }} $values.B.Value {{ "}}" }} with no reward signal left'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }}, more than twice its value {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }} ago, while at least {{ printf "%.6g" (float64 $kl_dominant_zero) }} of groups carry no reward signal: the KL term is the only gradient.'
+      cause: 'collapse mode: with no reward signal left, only the KL term moves the policy'
+      action: mask zero-advantage groups; length-normalise or drop the KL
+      runbook_url: '{{ $runbook }}#kl_dominant'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: kl_dominant
+    uid: '{{ $g.uidPrefix }}-kl_dominant'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5.65685 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
+            > 14.9666 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $kl_accel_min) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOKLAcceleration
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      cause: the update is running away from the reference (LR too high or rising, beta decaying)
+      action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
+      runbook_url: '{{ $runbook }}#kl_acceleration'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: kl_acceleration
+    uid: '{{ $g.uidPrefix }}-kl_acceleration'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < {{ printf "%.6g" (float64 $entropy_collapse) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) <= (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and abs((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOEntropyCollapse
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy {{ "{{" }} $values.B.Value {{ "}}" }} nats, far below its early level, and reward flat'
+      description: 'Mean entropy over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} nats, below {{ printf "%.6g" (float64 $entropy_collapse) }}x the run''s early baseline and not rising, while the reward is flat: exploration is lost.'
+      cause: exploration lost; the model repeats itself
+      action: raise the temperature, clip-higher, lower the LR
+      runbook_url: '{{ $runbook }}#entropy_collapse'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: entropy_collapse
+    uid: '{{ $g.uidPrefix }}-entropy_collapse'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_normalized[{{ include "grpo-sentinel.rules.duration" $window }}]))) >= {{ printf "%.6g" (float64 $entropy_blowup_lnv) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+          or (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_normalized[{{ include "grpo-sentinel.rules.duration" $window }}]))) and (
+            (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > {{ printf "%.6g" (float64 $entropy_blowup_baseline) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
+            and (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (max by (job, instance, run_id) (grpo_entropy_baseline)) > {{ printf "%.6g" (float64 $entropy_blowup_rise_lnv) }} * (max by (job, instance, run_id) (grpo_entropy_mean / grpo_entropy_normalized))
+            and (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+            and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+          )
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOEntropyBlowup
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of ln V: generation turning random'
+      description: 'Mean entropy over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of ln V: at least {{ printf "%.6g" (float64 $entropy_blowup_lnv) }}, or more than {{ printf "%.6g" (float64 $entropy_blowup_baseline) }}x the run''s early baseline while the reward falls.'
+      cause: generation turning random
+      action: stop; restore the last healthy checkpoint; lower the LR or clip
+      runbook_url: '{{ $runbook }}#entropy_blowup'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: entropy_blowup
+    uid: '{{ $g.uidPrefix }}-entropy_blowup'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="entropy_drift"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="entropy_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOEntropyDrift
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy_drift (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports entropy_drift (signals: entropy rising away from its early baseline beyond its noise while the reward is not rising). PromQL cannot express it: a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between evaluations. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup'
+      action: inspect recent generations; lower the LR or the temperature before entropy reaches ln V
+      runbook_url: '{{ $runbook }}#entropy_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: entropy_drift
+    uid: '{{ $g.uidPrefix }}-entropy_drift'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > {{ printf "%.6g" (float64 $exploration_rise) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))) < {{ printf "%.6g" (float64 $exploration_signal) }}
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOExploration
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy rising to {{ "{{" }} $values.B.Value {{ "}}" }} nats while reward rises: healthy exploration'
+      description: Mean entropy over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} nats, above {{ printf "%.6g" (float64 $exploration_rise) }}x its early baseline and rising, while the reward rises and groups still carry signal. Nothing to do.
+      cause: healthy exploration
+      action: 'none: annotate only'
+      runbook_url: '{{ $runbook }}#exploration'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: info
+      condition: exploration
+    uid: '{{ $g.uidPrefix }}-exploration'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOLossSpike
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: numerics or a bad batch
+      action: inspect the step's samples
+      runbook_url: '{{ $runbook }}#loss_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: loss_spike
+    uid: '{{ $g.uidPrefix }}-loss_spike'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_blowup"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_blowup"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOLossBlowup
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_blowup (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the run''s early maximum, a distribution-free bound only the trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next'
+      action: stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR
+      runbook_url: '{{ $runbook }}#loss_blowup'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: loss_blowup
+    uid: '{{ $g.uidPrefix }}-loss_blowup'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) < 0.5 * (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5 * (avg by (job, instance, run_id) (stddev_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
+          / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1)))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) > 7.07107 * (avg by (job, instance, run_id) (stddev_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
+          / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1)))
+          and (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) < 0.5 * (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
+          and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1) >= 10
+          and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOKLOnlyLearning
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss fell to {{ "{{" }} $values.B.Value {{ "}}" }} while the reward is flat'
+      description: 'The loss''s {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }} mean ({{ "{{" }} $values.B.Value {{ "}}" }}) is below half its value {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }} earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL.'
+      cause: the optimiser is only shrinking KL
+      action: check the reward signal and beta
+      runbook_url: '{{ $runbook }}#kl_only_learning'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: kl_only_learning
+    uid: '{{ $g.uidPrefix }}-kl_only_learning'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="late_degradation"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="late_degradation"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOLateDegradation
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: late_degradation (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports late_degradation (signals: reward and sample_acc both decline over a long window after their peak (fixed eval set)). PromQL cannot express it: it reads held-out accuracy per evaluation point against the binomial noise of the eval set; a time window holds an unknown, varying number of evaluation points. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: algorithmic instability of long runs
+      action: stop and keep the best checkpoint; clip ratios or lower the LR
+      runbook_url: '{{ $runbook }}#late_degradation'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: late_degradation
+    uid: '{{ $g.uidPrefix }}-late_degradation'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))) >= {{ printf "%.6g" (float64 $truncation) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+          or max without (correct) (
+            (sum by (job, instance, run_id, correct) (rate(grpo_completion_length_sum{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          / sum by (job, instance, run_id, correct) (rate(grpo_completion_length_count{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
+            > ignoring (correct) {{ printf "%.6g" (float64 $wrong_longer) }} * (sum by (job, instance, run_id, correct) (rate(grpo_completion_length_sum{correct="true"}[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          / sum by (job, instance, run_id, correct) (rate(grpo_completion_length_count{correct="true"}[{{ include "grpo-sentinel.rules.duration" $window }}])))
+            and (sum by (job, instance, run_id, correct) (rate(grpo_completion_length_sum{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          / sum by (job, instance, run_id, correct) (rate(grpo_completion_length_count{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (sum by (job, instance, run_id, correct) (rate(grpo_completion_length_sum{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
+          / sum by (job, instance, run_id, correct) (rate(grpo_completion_length_count{correct="false"}[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+            and ignoring (correct) max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+          )
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOLengthPathology
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: completions pinned at max_new_tokens, or wrong answers growing longer'
+      description: 'Truncation rate over {{ include "grpo-sentinel.rules.duration" $window }} at or above {{ printf "%.6g" (float64 $truncation) }}, or wrong completions more than {{ printf "%.6g" (float64 $wrong_longer) }}x as long as right ones and growing (value {{ "{{" }} $values.B.Value {{ "}}" }}: the truncation rate, or the wrong completions'' mean length in tokens).'
+      cause: length bias or runaway generation
+      action: overlong penalty or filter; token-level loss
+      runbook_url: '{{ $runbook }}#length_pathology'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: length_pathology
+    uid: '{{ $g.uidPrefix }}-length_pathology'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="length_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOLengthDrift
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'length bias or runaway generation starting: the early sign of length_pathology'
+      action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
+      runbook_url: '{{ $runbook }}#length_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: length_drift
+    uid: '{{ $g.uidPrefix }}-length_drift'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="correctness_drop"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOCorrectnessDrop
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: correctness_drop (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports correctness_drop (signals: the verifier''s acceptance of the training samples falling below its peak beyond its noise (with an auxiliary reward holding or rising: hacking)). PromQL cannot express it: a CUSUM of training correctness against its running peak, over every step (as entropy_drift). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the policy is getting worse at the task, or, while an auxiliary reward (format, length, style) holds, learning that reward instead of the task
+      action: open the recent generations; lower the LR if the reward falls too; make auxiliary rewards conditional on correctness
+      runbook_url: '{{ $runbook }}#correctness_drop'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: correctness_drop
+    uid: '{{ $g.uidPrefix }}-correctness_drop'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="all_wrong_rising"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="all_wrong_rising"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOAllWrongRising
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: all_wrong_rising (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports all_wrong_rising (signals: the share of all-wrong groups rising above its early level beyond its noise). PromQL cannot express it: a CUSUM of the all-wrong share against its early level, over every step (as entropy_drift). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the policy is getting worse at the task (groups with no right answer teach nothing)
+      action: check the LR and the reward; lower the LR or use easier prompts
+      runbook_url: '{{ $runbook }}#all_wrong_rising'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: all_wrong_rising
+    uid: '{{ $g.uidPrefix }}-all_wrong_rising'
+- orgId: {{ $g.orgId | int64 }}
+  name: grpo-operational
+  folder: {{ $g.folder | toJson }}
+  interval: {{ $g.interval | toJson }}
+  rules:
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: time() - max by (job, instance, run_id) (grpo_step_last_timestamp_seconds)
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ $stall }}
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 1m
+    noDataState: OK
+    title: GRPOTrainingStalled
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: no training step for {{ "{{" }} $values.B.Value | humanizeDuration {{ "}}" }}'
+      description: The last step completed {{ "{{" }} $values.B.Value | humanizeDuration {{ "}}" }} ago (threshold {{ include "grpo-sentinel.rules.duration" $stall }}).
+      cause: a hung process, a lost GPU, a stuck data loader or reward function
+      action: check the trainer process, its GPU and its data loader
+      runbook_url: '{{ $runbook }}#training-stalled'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: training-stalled
+    uid: '{{ $g.uidPrefix }}-training-stalled'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: sum by (job, instance, run_id) (increase(grpo_telemetry_export_failures_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - 0.0
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}
+    noDataState: OK
+    title: GRPOMetricsExportFailing
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: OTLP metric exports failing ({{ "{{" }} $values.B.Value {{ "}}" }} recently)'
+      description: The trainer keeps training; metrics pushed over OTLP are being lost.
+      cause: the collector is down or unreachable; training is unaffected
+      action: check the collector endpoint (OTEL_EXPORTER_OTLP_ENDPOINT)
+      runbook_url: '{{ $runbook }}#metrics-export-failing'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: metrics-export-failing
+    uid: '{{ $g.uidPrefix }}-metrics-export-failing'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: sum by (job, instance, run_id, reason) (increase(grpo_traces_dropped_total[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - 0.0
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOTracesDropped
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $values.B.Value {{ "}}" }} Langfuse spans and scores dropped ({{ "{{" }} $labels.reason {{ "}}" }})'
+      description: 'Trace data not delivered to Langfuse in the last {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}, reason `{{ "{{" }} $labels.reason {{ "}}" }}` (unauthorized: check the keys; unreachable: the server or the network; queue_full: the trainer produces traces faster than they can be sent). Training is unaffected.'
+      cause: wrong keys (unauthorized), Langfuse down or unreachable, or traces produced faster than sent; training is unaffected
+      action: check LANGFUSE_PUBLIC_KEY / LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL; lower traces.sample_rate if queue_full
+      runbook_url: '{{ $runbook }}#traces-dropped'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: traces-dropped
+    uid: '{{ $g.uidPrefix }}-traces-dropped'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: sum by (job, instance) (increase(grpo_runs_finished_total{status="failed"}[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - 0.0
+            type: gt
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPORunFailed
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: a run failed ({{ "{{" }} $values.B.Value {{ "}}" }} recently)'
+      description: A run the daemon was training ended `failed`; the daemon has gone on with the next one. GET /v1/runs says which and why (its `error`), and its train.log has the rest.
+      cause: an error in the run (bad data found late, a crash, an out-of-memory kill); the daemon goes on with the next run
+      action: read the run's `error` (GET /v1/runs/<id>) and its train.log; fix and submit it again
+      runbook_url: '{{ $runbook }}#run-failed'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: run-failed
+    uid: '{{ $g.uidPrefix }}-run-failed'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) ((avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_step_time_seconds[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          - avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_collective_wait_seconds[{{ include "grpo-sentinel.rules.duration" $window }}])))) > {{ printf "%.6g" (float64 $straggler) }} * min by (job, instance, run_id) ((avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_step_time_seconds[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          - avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_collective_wait_seconds[{{ include "grpo-sentinel.rules.duration" $window }}]))))
+          and count by (job, instance, run_id) ((avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_step_time_seconds[{{ include "grpo-sentinel.rules.duration" $window }}]))
+          - avg by (job, instance, run_id, rank) (avg_over_time(grpo_rank_collective_wait_seconds[{{ include "grpo-sentinel.rules.duration" $window }}])))) > 1
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPORankStraggler
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: one rank is {{ "{{" }} $values.B.Value | humanizeDuration {{ "}}" }} busy a step, far above the fastest'
+      description: 'Over {{ include "grpo-sentinel.rules.duration" $window }} the slowest rank''s busy time per step (step time minus the time it waited in collectives) is above {{ printf "%.6g" (float64 $straggler) }}x the fastest rank''s: every rank waits for it. The dashboard''s rank panel says which rank.'
+      cause: a slow or throttled GPU, a noisy neighbour, a rank with longer prompts or a slow reward
+      action: find the rank on the dashboard's rank panel; check its GPU (clocks, temperature, ECC) and node
+      runbook_url: '{{ $runbook }}#rank-straggler'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: rank-straggler
+    uid: '{{ $g.uidPrefix }}-rank-straggler'
 {{- end }}
