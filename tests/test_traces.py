@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from conftest import cli, free_port, wait_for
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
-from grpo_sentinel.telemetry.traces import Credentials, TraceSink, plan, trace_id
+from grpo_sentinel.telemetry.traces import Credentials, TraceSink, model_name, plan, trace_id
 from langfuse_server import FakeLangfuse
 
 P, G = 8, 4
@@ -85,11 +85,12 @@ INFO = RunInfo("run-7", "demo", "grpo", Scales(1.0, float(np.log(15)), 6), attem
                sampling={"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6})
 
 
-def test_the_sdk_builds_generations_with_texts_scores_tags_truncation_and_masking(langfuse):
+def test_the_sdk_builds_parentless_roots_generations_texts_scores_and_truncation(langfuse, monkeypatch):
+    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "staging")  # read when the process's client is made
     memory = InMemorySpanExporter()
     cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url="http://grafana:3000")
     sink = TraceSink(cfg, Credentials("pk-lf-test", "sk-lf-test", langfuse.url), span_exporter=memory)
-    sink.start(INFO)
+    sink.start(replace(INFO, model=str(demo_like_dir())))
     s = step(10, ("signal_vanished",))
     s = replace(s, traces=sink.plan(s))
     sink.on_step(s)
@@ -103,40 +104,83 @@ def test_the_sdk_builds_generations_with_texts_scores_tags_truncation_and_maskin
     trace = by_trace[first.trace_id]
     gens = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "generation"]
     root = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "span"]
-    assert len(gens) == G and len(root) == 1 and all(g.parent.span_id == root[0].context.span_id for g in gens)
+    # The root has no parent (the server reads the trace's input, output, metadata from it); G children.
+    assert len(gens) == G and len(root) == 1 and root[0].parent is None
+    assert all(g.parent.span_id == root[0].context.span_id for g in gens)
+    r = root[0].attributes
+    assert r["langfuse.observation.input"] == "7+7="
+    assert json.loads(r["langfuse.observation.output"]) == {"rewards": [0.875] * G, "correct": G}
+    # The trace-level metadata is the root's own, typed; nothing is propagated to the generations.
+    meta = {k.rsplit(".", 1)[1]: json.loads(v) for k, v in r.items() if k.startswith("langfuse.observation.metadata.")}
+    assert meta == {"run_id": "run-7", "attempt": 2, "step": 10, "kind": "train", "group": 7, "answer": "14",
+                    "reason": "highest reward (signal_vanished)", "group_reward_std": 0.0,
+                    "dashboard": "http://grafana:3000/d/grpo-health?var-run=run-7"}
+    assert not any(k.startswith("langfuse.trace.metadata") for sp in spans for k in sp.attributes)
     a = gens[0].attributes
     assert a["session.id"] == "run-7" and a["langfuse.trace.tags"] == ("train", "signal_vanished")
-    assert a["langfuse.trace.name"] == "train step 10 group 7"
-    assert json.loads(a["langfuse.trace.metadata.dashboard"]) == "http://grafana:3000/d/grpo-health?var-run=run-7"
+    assert a["langfuse.trace.name"] == "train step 10 group 7" and a["langfuse.environment"] == "staging"
     assert a["langfuse.observation.input"] == "7+7="
     assert a["langfuse.observation.output"] == "completion 2[... 12 more characters]"  # "completion 28 of step 10"
+    assert a["langfuse.observation.model.name"] == "tiny-llama"  # the directory's name, not the machine's path
     assert json.loads(a["langfuse.observation.model.parameters"]) == {"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6}
     assert json.loads(a["langfuse.observation.usage_details"]) == {"input": 4, "output": int(s.samples.length[28])}
     assert json.loads(a["langfuse.observation.metadata.reward"]) == 0.875
     assert json.loads(a["langfuse.observation.metadata.rewards"]) == {"correct": 1.0}
-    assert json.loads(a["langfuse.observation.metadata.kind"]) == "train"
-    # Scores went to the scores API: reward (numeric) and correct (boolean) per generation.
+    assert json.loads(a["langfuse.observation.metadata.step"]) == 10  # an int: no trace metadata over it
+    # Scores went to the ingestion API, all accepted: reward (numeric) and correct (boolean) per generation,
+    # in the spans' environment.
+    assert not langfuse.refused
     ids = {f"{g.context.span_id:016x}" for sp in by_trace.values() for g in sp
            if g.attributes["langfuse.observation.type"] == "generation"}
-    assert {sc["observationId"] for sc in langfuse.scores} == ids
-    kinds = {(sc["name"], sc["dataType"]) for sc in langfuse.scores}
-    assert kinds == {("reward", "NUMERIC"), ("correct", "BOOLEAN")}
-    assert len(langfuse.scores) == 2 * len(ids)
+    scores = list(langfuse.scores.values())
+    assert {sc["observationId"] for sc in scores} == ids and len(scores) == 2 * len(ids)
+    assert {(sc["name"], sc["dataType"]) for sc in scores} == {("reward", "NUMERIC"), ("correct", "BOOLEAN")}
+    assert {sc["environment"] for sc in scores} == {"staging"}
+    posted = [q for q in langfuse.requests if q["path"] == "/api/public/ingestion"]
+    assert posted and all(q["headers"]["x-langfuse-sdk-name"] == "python" for q in posted)
 
 
-def test_the_mask_redacts_before_anything_leaves_the_process(langfuse):
-    memory = InMemorySpanExporter()
-    cfg = TracesSettings(mask=[r"completion \d+", r"\d\+\d"])
-    # Another public key: the SDK keeps one client per key, and this one masks.
-    sink = TraceSink(cfg, Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
+def demo_like_dir():
+    """A local model directory: Langfuse shows its name, never where it lies on this machine."""
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp()) / "tiny-llama"
+    d.mkdir()
+    return d
+
+
+def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2-0.5B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert model_name("Qwen/Qwen2-0.5B") == "Qwen/Qwen2-0.5B" and model_name("demo") == "demo"
+    assert model_name(str(tmp_path / "hub")) == "hub" and model_name(str(tmp_path / "hub") + "/") == "hub"
+    assert model_name(str(snapshot)) == "Qwen/Qwen2-0.5B"
+    assert model_name("/models/not-here") == "not-here"  # absolute: a path even where it is not mounted
+
+
+def test_the_mask_redacts_before_anything_leaves_the_process_each_sink_its_own(langfuse):
+    memory = InMemorySpanExporter()  # the process's client keeps the first exporter given for a key
+
+    def masked(mask: list[str]) -> list:
+        # One public key: the process has one SDK client for it, and each sink still masks with its own patterns.
+        sink = TraceSink(TracesSettings(mask=mask), Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
+        sink.start(INFO)
+        s = step(5)
+        sink.on_step(replace(s, traces=sink.plan(s)))
+        sink.close()
+        spans = memory.get_finished_spans()
+        memory.clear()
+        return spans
+
     langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-mask:sk-lf-test").decode()
-    sink.start(INFO)
-    s = step(5)
-    sink.on_step(replace(s, traces=sink.plan(s)))
-    sink.close()
-    gens = [sp for sp in memory.get_finished_spans() if sp.attributes["langfuse.observation.type"] == "generation"]
+    spans = masked([r"completion \d+", r"\d\+\d"])
+    gens = [sp for sp in spans if sp.attributes["langfuse.observation.type"] == "generation"]
     assert gens and all(g.attributes["langfuse.observation.output"].startswith("[REDACTED] of step") for g in gens)
-    assert all("[REDACTED]=" == g.attributes["langfuse.observation.input"] for g in gens)
+    assert {sp.attributes["langfuse.observation.input"] for sp in spans} == {"[REDACTED]="}
+    unmasked = masked([])  # the second sink in this process: not the first one's mask
+    inputs = {sp.attributes["langfuse.observation.input"] for sp in unmasked}
+    assert inputs and inputs <= {f"{g}+{g}=" for g in range(P)}
 
 
 # ---------------------------------------------------------------------------------------------
