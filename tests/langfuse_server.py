@@ -70,7 +70,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 OTLP, SCORES, INGESTION = "/api/public/otel/v1/traces", "/api/public/scores", "/api/public/ingestion"
 ROUTES = {OTLP: "otel", SCORES: "scores", INGESTION: "ingestion"}
 TEXT_SCORE_MAX_LENGTH = 500  # packages/shared/src/domain/scores.ts
-ISO_WITH_OFFSET = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:\d{2})$")  # z.iso.datetime({offset: true})
+# z.iso.datetime({offset: true}) under zod 4 (the server's): seconds required, any fraction, Z or an offset
+ISO_WITH_OFFSET = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 
 
 def _value(v):
