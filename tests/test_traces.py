@@ -190,7 +190,9 @@ def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
 
     import requests
 
-    sink = TraceSink(TracesSettings(), Credentials("pk-lf-test", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter())
+    # A key of its own: this process's client for a key keeps the host it was first made with.
+    langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-strict:sk-lf-test").decode()
+    sink = TraceSink(TracesSettings(), Credentials("pk-lf-strict", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter())
     sink.start(INFO)
     s = step(5)
     sink.on_step(replace(s, traces=sink.plan(s)))
