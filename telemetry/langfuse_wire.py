@@ -181,10 +181,9 @@ class ScorePoster:
         self.url, self.link, self.timeout_s = creds.base_url + INGESTION, link, timeout_s
         self.session = requests.Session()
         self.session.headers.update({**headers(creds), "Content-Type": "application/json"})
-        self.delivered = 0
 
     def post(self, scores: list[dict]) -> None:
-        """scores: score bodies (`_score`), each sent as one event whose id is the score's id."""
+        """scores: score bodies (`TraceSink._score`), each sent as one event whose id is the score's id."""
         import requests
 
         for i in range(0, len(scores), SCORES_PER_REQUEST):
@@ -203,8 +202,7 @@ class ScorePoster:
                 continue
             if r.status_code == 207:
                 self._results(r, len(batch))
-            elif r.ok:  # a server that answers a batch as a whole
-                self.delivered += len(batch)
+            elif r.ok:  # a server that answers the batch as a whole
                 self.link.succeeded()
             else:
                 reason = reason_of(r.status_code)
@@ -220,7 +218,6 @@ class ScorePoster:
             delivered = min(n, len(result.get("successes") or []))
         except (ValueError, AttributeError, TypeError):
             errors, delivered = [{"message": "unreadable 207 answer"}], 0
-        self.delivered += delivered
         if delivered:
             self.link.succeeded()
         if delivered < n:  # refused one by one (whatever the status: the server answered): dropped, pausing nothing

@@ -18,9 +18,9 @@ is sent. `session_id` is the run id: Langfuse's session page is the run.
 What the server reads (Langfuse v4.16 source; tests/langfuse_server.py enforces it): a trace's input,
 output and metadata come from its span with no parent, so the root is a parentless span whose trace
 id is the planned one (our TracerProvider's id generator hands it out), and the trace-level metadata
-is that root's own metadata (propagated to every span it would override the generations' keys).
-Scores go as `score-create` events to the ingestion API (`POST /api/public/ingestion`, answered 207
-per event), which every server version accepts, in the spans' environment.
+is that root's own metadata (propagated trace metadata would land on every span, over the
+generations' own keys). Scores go as `score-create` events to the ingestion API, in the spans'
+environment; how spans and scores travel is telemetry/langfuse_wire.py.
 
 Never in the way of training: `on_step()` only enqueues; a worker thread makes the SDK calls and
 posts the scores; exports time out, and while Langfuse is unreachable or rejects the keys a signal

@@ -88,7 +88,8 @@ INFO = RunInfo("run-7", "demo", "grpo", Scales(1.0, float(np.log(15)), 6), attem
 def test_the_sdk_builds_parentless_roots_generations_texts_scores_and_truncation(langfuse, monkeypatch):
     monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "staging")  # read when the process's client is made
     memory = InMemorySpanExporter()
-    cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url="http://grafana:3000")
+    grafana = "http://grafana.monitoring.svc.cluster.local:3000/" + "g" * 200  # no 200-character cap on metadata
+    cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url=grafana)
     sink = TraceSink(cfg, Credentials("pk-lf-test", "sk-lf-test", langfuse.url), span_exporter=memory)
     sink.start(replace(INFO, model=str(demo_like_dir())))
     s = step(10, ("signal_vanished",))
@@ -114,7 +115,7 @@ def test_the_sdk_builds_parentless_roots_generations_texts_scores_and_truncation
     meta = {k.rsplit(".", 1)[1]: json.loads(v) for k, v in r.items() if k.startswith("langfuse.observation.metadata.")}
     assert meta == {"run_id": "run-7", "attempt": 2, "step": 10, "kind": "train", "group": 7, "answer": "14",
                     "reason": "highest reward (signal_vanished)", "group_reward_std": 0.0,
-                    "dashboard": "http://grafana:3000/d/grpo-health?var-run=run-7"}
+                    "dashboard": f"{grafana}/d/grpo-health?var-run=run-7"}
     assert not any(k.startswith("langfuse.trace.metadata") for sp in spans for k in sp.attributes)
     a = gens[0].attributes
     assert a["session.id"] == "run-7" and a["langfuse.trace.tags"] == ("train", "signal_vanished")
