@@ -15,17 +15,25 @@ Trace ids are deterministic, seeded by (run id, attempt, kind, step, index): a r
 next attempt, so it never re-emits or overwrites an id, and a link can be written before the trace
 is sent. `session_id` is the run id: Langfuse's session page is the run.
 
+What the server reads (Langfuse v4.16 source; tests/langfuse_server.py enforces it): a trace's input,
+output and metadata come from its span with no parent, so the root is a parentless span whose trace
+id is the planned one (our TracerProvider's id generator hands it out), and the trace-level metadata
+is that root's own metadata (propagated trace metadata would land on every span, over the
+generations' own keys). Scores go as `score-create` events to the ingestion API, in the spans'
+environment; how spans and scores travel is telemetry/langfuse_wire.py.
+
 Never in the way of training: `on_step()` only enqueues; a worker thread makes the SDK calls and
-posts the scores; exports time out, and while Langfuse is unreachable or rejects the keys they are
-skipped for a backoff instead of queueing up; nothing flushes on the step path, and every flush is
-bounded. What cannot be delivered is counted in `grpo_traces_dropped_total{signal, reason}` and
-reported once per change of state (wrong keys: one clear error, then only the counter).
+posts the scores; exports time out, and while Langfuse is unreachable or rejects the keys a signal
+(spans, scores) is skipped for a backoff instead of queueing up; a refused batch or score is dropped
+and counted, never pausing anything; nothing flushes on the step path, and every flush is bounded.
+What cannot be delivered is counted in `grpo_traces_dropped_total{signal, reason}` and reported once
+per change of state (wrong keys: one clear error, then only the counter).
 """
 
 from __future__ import annotations
 
 import atexit
-import base64
+import contextlib
 import hashlib
 import logging
 import math
@@ -35,21 +43,21 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from grpo_sentinel.telemetry.drops import DROPS
+from grpo_sentinel.telemetry.langfuse_wire import (DROPPED, CountingSpanExporter, Credentials, Link, PlannedIds,
+                                                   ScorePoster)
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats, TraceRef
 from grpo_sentinel.telemetry.settings import TracesSettings
 
 log = logging.getLogger(__name__)
 
-DROPPED = "grpo.traces.dropped"
 EXPLAIN_SAME = {"signal_vanished", "kl_dominant", "reward_saturated", "plateau_small_group"}  # an all-same group shows it
 BACKLOG = 1024  # spans created but not yet exported beyond which new traces are dropped (the SDK queue holds 2048)
-_INGESTION = "/api/public/otel/v1/traces"
 
 
 def trace_id(run_id: str, attempt: int, kind: str, step: int, index: int) -> str:
@@ -114,13 +122,6 @@ class Links:
                 if self.project_id else "")
 
 
-@dataclass(frozen=True)
-class Credentials:
-    public_key: str
-    secret_key: str = field(repr=False)  # never printed, not even in a traceback's locals
-    base_url: str
-
-
 def credentials_from_env() -> Credentials | None:
     public, secret = os.environ.get("LANGFUSE_PUBLIC_KEY"), os.environ.get("LANGFUSE_SECRET_KEY")
     if not (public and secret):
@@ -152,113 +153,6 @@ def trace_sink(cfg: TracesSettings) -> TraceSink | None:
     return TraceSink(cfg, creds)
 
 
-# ---------------------------------------------------------------------------------------------
-# The connection to Langfuse: shared by span and score exports
-
-
-class _Link:
-    """After a failed export, exports are skipped (and their items counted) for a backoff that
-    doubles up to a minute: an unreachable server costs one timeout per backoff, not one per batch,
-    and nothing piles up in memory. Each change of state is logged once."""
-
-    def __init__(self, base_url: str):
-        self.base_url = base_url
-        self._lock = threading.Lock()
-        self.state = "ok"  # ok | unreachable | unauthorized | rejected
-        self._retry_at = 0.0
-        self._backoff = 0.0
-
-    def open(self) -> bool:
-        return time.monotonic() >= self._retry_at
-
-    def succeeded(self) -> None:
-        with self._lock:
-            if self.state != "ok":
-                log.info("Langfuse at %s reachable again; traces flow", self.base_url)
-            self.state, self._backoff, self._retry_at = "ok", 0.0, 0.0
-
-    def failed(self, reason: str, detail: str) -> None:
-        with self._lock:
-            self._backoff = min(60.0, max(2.0, 2 * self._backoff))
-            self._retry_at = time.monotonic() + self._backoff
-            if reason == self.state:
-                return
-            self.state = reason
-        if reason == "unauthorized":
-            log.error("Langfuse at %s rejected the keys (%s): check LANGFUSE_PUBLIC_KEY and LANGFUSE_SECRET_KEY. "
-                      "Training continues; traces are dropped and counted in grpo_traces_dropped_total", self.base_url, detail)
-        else:
-            log.warning("Langfuse at %s: trace export failing (%s, %s). Training continues; dropped traces are counted "
-                        "in grpo_traces_dropped_total", self.base_url, reason, detail)
-
-
-def _reason(status: int | None) -> str:
-    if status in (401, 403):
-        return "unauthorized"
-    if status is not None and 400 <= status < 500 and status != 429:
-        return "rejected"
-    return "unreachable"  # no answer, a timeout, 429 or a server error
-
-
-class _CountingSpanExporter:
-    """A span exporter with delivery counted and the backoff of `_Link`: by default the OTLP/HTTP
-    exporter to Langfuse's ingestion endpoint. (A SpanExporter by duck typing: the SDK's processor
-    calls export, force_flush and shutdown.)"""
-
-    def __init__(self, creds: Credentials, link: _Link, timeout_s: float, inner=None):
-        self.link = link
-        self._status: int | None = None  # HTTP status of the last export request, if one was answered
-        self.inner = inner or self._otlp(creds, timeout_s)
-        self.delivered = self.failed = 0  # spans
-
-    def _otlp(self, creds: Credentials, timeout_s: float):
-        import requests
-        from opentelemetry.exporter.otlp.proto.http import Compression
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        session = requests.Session()  # its response hook tells a rejected key from an unreachable server
-        session.hooks["response"].append(self._saw)
-        auth = base64.b64encode(f"{creds.public_key}:{creds.secret_key}".encode()).decode()
-        # Langfuse's documented ingestion contract: OTLP/HTTP protobuf, gzip, Basic auth.
-        return OTLPSpanExporter(endpoint=creds.base_url + _INGESTION, headers={"Authorization": f"Basic {auth}",
-                                "x-langfuse-ingestion-version": "4"}, timeout=timeout_s,
-                                compression=Compression.Gzip, session=session)
-
-    def _saw(self, response, *args, **kwargs):
-        self._status = response.status_code
-
-    def export(self, spans: Sequence):
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        n = len(spans)
-        if not self.link.open():
-            self.failed += n
-            DROPS.add(DROPPED, n, signal="spans", reason=self.link.state)
-            return SpanExportResult.FAILURE
-        self._status = None
-        try:
-            result = self.inner.export(spans)
-        except Exception as e:  # noqa: BLE001 - an exporter bug must not kill the SDK's export thread
-            result, detail = SpanExportResult.FAILURE, repr(e)
-        else:
-            detail = f"HTTP {self._status}" if self._status else "no answer"
-        if result is SpanExportResult.SUCCESS:
-            self.delivered += n
-            self.link.succeeded()
-        else:
-            reason = _reason(self._status)
-            self.failed += n
-            DROPS.add(DROPPED, n, signal="spans", reason=reason)
-            self.link.failed(reason, detail)
-        return result
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-
 @dataclass
 class _Client:
     """One Langfuse client per process (the SDK keeps one per public key anyway, and a shut-down one
@@ -266,8 +160,10 @@ class _Client:
 
     langfuse: object
     provider: object
-    exporter: _CountingSpanExporter
-    link: _Link
+    ids: PlannedIds
+    exporter: CountingSpanExporter
+    scores: ScorePoster
+    environment: str  # LANGFUSE_TRACING_ENVIRONMENT: the spans' (the SDK's) and the scores'
     created: int = 0  # spans ended, whatever became of them
     lost: int = 0  # ... counted as lost at a bounded flush that left them undelivered
 
@@ -293,20 +189,23 @@ def _client(creds: Credentials, cfg: TracesSettings, span_exporter=None) -> _Cli
         # our exporter reports state changes instead, once each.
         for name in ("langfuse", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
             logging.getLogger(name).setLevel(logging.CRITICAL if name != "langfuse" else logging.WARNING)
-        link = _Link(creds.base_url)
-        exporter = _CountingSpanExporter(creds, link, cfg.flush_timeout_s, span_exporter)
-        provider = TracerProvider(resource=Resource.create({"service.name": "grpo-sentinel"}))
-        patterns = [re.compile(p) for p in cfg.mask]
+        said: set[str] = set()
+        exporter = CountingSpanExporter(creds, Link(creds.base_url, "spans", said), cfg.flush_timeout_s, span_exporter)
+        scores = ScorePoster(creds, Link(creds.base_url, "scores", said), cfg.flush_timeout_s)
+        ids = PlannedIds()
+        provider = TracerProvider(resource=Resource.create({"service.name": "grpo-sentinel"}), id_generator=ids)
+        environment = os.environ.get("LANGFUSE_TRACING_ENVIRONMENT") or "default"
+        # No SDK mask: each sink masks its own texts (the client, and a mask given to it, is per process).
         lf = Langfuse(public_key=creds.public_key, secret_key=creds.secret_key, base_url=creds.base_url,
                       tracer_provider=provider, span_exporter=exporter, timeout=max(1, math.ceil(cfg.flush_timeout_s)),
-                      mask=(lambda data: _redact(data, patterns)) if patterns else None)
+                      environment=environment)
         atexit.unregister(lf._resources.shutdown)  # its exit-time flush has no timeout; close() bounds ours
-        _CLIENTS[key] = (creds.base_url, _Client(lf, provider, exporter, link))
+        _CLIENTS[key] = (creds.base_url, _Client(lf, provider, ids, exporter, scores, environment))
     return _CLIENTS[key][1]
 
 
 def _redact(data, patterns: list[re.Pattern]):
-    """The SDK's mask hook: every string in input, output and metadata, before it leaves the process."""
+    """Every string in input, output and metadata, before it reaches the SDK."""
     if isinstance(data, str):
         for p in patterns:
             data = p.sub("[REDACTED]", data)
@@ -327,6 +226,18 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def model_name(model: str) -> str:
+    """The model as Langfuse shows it: a hub id as it is, a local directory by its name (never the
+    machine's path); a hub cache snapshot (.../models--org--name/snapshots/<rev>) by its hub id."""
+    p = Path(model).expanduser()
+    if not (p.is_absolute() or model.startswith((".", "~")) or p.exists()):
+        return model  # "org/name", "demo"
+    p = p.resolve()
+    if p.parent.name == "snapshots" and p.parent.parent.name.startswith("models--"):
+        return p.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return p.name or model
+
+
 # ---------------------------------------------------------------------------------------------
 # The sink
 
@@ -342,12 +253,14 @@ class TraceSink:
         self._client = _client(creds, cfg, span_exporter)
         self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=64)
         self._worker = threading.Thread(target=self._drain, name="grpo-traces", daemon=True)
+        patterns = [re.compile(p) for p in cfg.mask]
+        self._mask = (lambda data: _redact(data, patterns)) if patterns else (lambda data: data)
         self.info: RunInfo | None = None
 
     # -- StepSink ------------------------------------------------------------------------------
 
     def start(self, info: RunInfo) -> None:
-        self.info = info
+        self.info, self._model = info, model_name(info.model)
         grafana = (self.cfg.dashboard_url or os.environ.get("GRPO_SENTINEL_GRAFANA_URL") or "").rstrip("/")
         self._dashboard = f"{grafana}/d/grpo-health?var-run={urllib.parse.quote(info.run_id)}" if grafana else ""
         session = self.links.session(info.run_id)
@@ -414,116 +327,92 @@ class TraceSink:
         scores: list[dict] = []
         for ref in s.traces:
             scores += self._train(s, ref) if ref.kind == "train" else self._eval(s, ref)
-        self._post(scores)
+        c.scores.post(scores)
 
-    def _context(self, s: StepStats, kind: str, name: str, extra: dict[str, str]):
+    @contextlib.contextmanager
+    def _trace(self, s: StepStats, ref: TraceRef, name: str, trace_name: str, prompt: str, meta: dict):
+        """The trace's root, ended on leaving: a span with no parent under the planned trace id. Session,
+        name and tags go to every span (propagated); the trace-level metadata is the root's own metadata,
+        which the server keeps as the trace's (v4 from the parentless span; the legacy path merges it in)."""
         from langfuse import propagate_attributes
 
-        meta = {"run_id": self.info.run_id, "attempt": str(self.info.attempt), "step": str(s.step), "kind": kind, **extra}
-        if self._dashboard:
-            meta["dashboard"] = self._dashboard
-        return propagate_attributes(session_id=self.info.run_id, trace_name=name, tags=[kind, *s.health],
-                                    metadata={k: v[:200] for k, v in meta.items()})
+        meta = {"run_id": self.info.run_id, "attempt": self.info.attempt, "step": s.step, "kind": ref.kind,
+                **({"dashboard": self._dashboard} if self._dashboard else {}), **meta}
+        with propagate_attributes(session_id=self.info.run_id, trace_name=trace_name, tags=[ref.kind, *s.health]):
+            with self._client.ids.trace(ref.trace_id):
+                root = self._client.langfuse.start_observation(name=name, as_type="span", input=self._mask(prompt),
+                                                               metadata=self._mask(meta))
+            yield root
+            root.end()
+            self._client.created += 1
 
     def _train(self, s: StepStats, ref: TraceRef) -> list[dict]:
-        x, g, lf = s.samples, ref.index, self._client.langfuse
+        x, g = s.samples, ref.index
         G = len(x.completions) // len(x.prompts)
         prompt = clip(x.prompts[g], self.cfg.max_chars)
         judged = "correct" not in x.unmeasured  # a trainer without a verifier (TRL, no correctness reward)
         scores = []
-        with self._context(s, "train", f"train step {s.step} group {g}", {"group": str(g), "reason": ref.reason}):
-            root = lf.start_observation(trace_context={"trace_id": ref.trace_id}, name=f"group {g}", as_type="span",
-                                        input=prompt, metadata={"answer": x.answers[g],
-                                                                "group_reward_std": _num(x.group_reward_std[g])})
+        with self._trace(s, ref, f"group {g}", f"train step {s.step} group {g}", prompt,
+                         {"group": g, "reason": ref.reason, "answer": x.answers[g],
+                          "group_reward_std": _num(x.group_reward_std[g])}) as root:
             for k, i in enumerate(range(g * G, (g + 1) * G)):
                 gen = root.start_observation(
-                    name=f"completion {k}", as_type="generation", input=prompt,
-                    output=clip(x.completions[i], self.cfg.max_chars), model=self.info.model,
-                    model_parameters=self.info.sampling,
-                    usage_details=_usage(x, g, i),
-                    metadata={"step": s.step, "kind": "train", "answer": x.answers[g],
-                              "correct": bool(x.correct[i]) if judged else None,
-                              "reward": _num(x.reward[i]),
-                              "rewards": {n: _num(v[i]) for n, v in x.components.items()},
-                              "advantage": _num(x.advantage[i]),
-                              "length": int(x.length[i]) if np.isfinite(x.length[i]) else None,
-                              "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]), "truncated": bool(x.truncated[i])})
+                    name=f"completion {k}", as_type="generation", input=self._mask(prompt),
+                    output=self._mask(clip(x.completions[i], self.cfg.max_chars)), model=self._model,
+                    model_parameters=self.info.sampling, usage_details=_usage(x, g, i),
+                    metadata=self._mask({"step": s.step, "kind": "train", "answer": x.answers[g],
+                                         "correct": bool(x.correct[i]) if judged else None,
+                                         "reward": _num(x.reward[i]),
+                                         "rewards": {n: _num(v[i]) for n, v in x.components.items()},
+                                         "advantage": _num(x.advantage[i]),
+                                         "length": int(x.length[i]) if np.isfinite(x.length[i]) else None,
+                                         "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]),
+                                         "truncated": bool(x.truncated[i])}))
                 gen.end()
                 self._client.created += 1
-                if not math.isnan(x.reward[i]):
-                    scores.append(_score(ref.trace_id, gen.id, "reward", float(x.reward[i]), "NUMERIC"))
+                if math.isfinite(x.reward[i]):
+                    scores.append(self._score(ref.trace_id, gen.id, "reward", float(x.reward[i]), "NUMERIC"))
                 if judged:
-                    scores.append(_score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
+                    scores.append(self._score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
             root.update(output={"rewards": [_num(r) for r in x.reward[g * G:(g + 1) * G]],
                                 "correct": int(x.correct[g * G:(g + 1) * G].sum()) if judged else None})
-            root.end()
-            self._client.created += 1
         return scores
 
     def _eval(self, s: StepStats, ref: TraceRef) -> list[dict]:
-        ev, i, lf = s.eval, ref.index, self._client.langfuse
+        ev, i = s.eval, ref.index
         prompt = clip(ev.prompts[i], self.cfg.max_chars)
-        scores = []
-        with self._context(s, "eval", f"eval step {s.step} prompt {i}", {"prompt": str(i)}):
-            root = lf.start_observation(trace_context={"trace_id": ref.trace_id}, name=f"held-out prompt {i}",
-                                        as_type="span", input=prompt, metadata={"answer": ev.answers[i]})
+        scores, output = [], {}
+        with self._trace(s, ref, f"held-out prompt {i}", f"eval step {s.step} prompt {i}", prompt,
+                         {"prompt": i, "answer": ev.answers[i]}) as root:
             for mode, gens in ev.generations.items():
                 params = self.info.sampling if mode == "sampled" else {"greedy": True, "max_new_tokens":
                                                                        self.info.sampling.get("max_new_tokens")}
+                completion = self._mask(clip(gens.completions[i], self.cfg.max_chars))
                 gen = root.start_observation(
-                    name=mode, as_type="generation", input=prompt, output=clip(gens.completions[i], self.cfg.max_chars),
-                    model=self.info.model, model_parameters=params,
+                    name=mode, as_type="generation", input=self._mask(prompt), output=completion,
+                    model=self._model, model_parameters=params,
                     usage_details={"input": int(ev.prompt_tokens[i]), "output": int(gens.tokens[i])},
-                    metadata={"step": s.step, "kind": "eval", "mode": mode, "answer": ev.answers[i],
-                              "correct": bool(gens.correct[i]), "length": int(gens.tokens[i])})
+                    metadata=self._mask({"step": s.step, "kind": "eval", "mode": mode, "answer": ev.answers[i],
+                                         "correct": bool(gens.correct[i]), "length": int(gens.tokens[i])}))
                 gen.end()
                 self._client.created += 1
-                scores.append(_score(ref.trace_id, gen.id, "correct", float(gens.correct[i]), "BOOLEAN"))
-            root.end()
-            self._client.created += 1
+                scores.append(self._score(ref.trace_id, gen.id, "correct", float(gens.correct[i]), "BOOLEAN"))
+                output[mode] = {"completion": completion, "correct": bool(gens.correct[i])}
+            root.update(output=output)
         return scores
 
-    def _post(self, scores: list[dict]) -> None:
-        """Scores through the SDK's score API (POST /api/public/scores), from this worker thread: we
-        know exactly what was delivered, and a dead server costs one timeout per backoff."""
-        from langfuse.api.core import ApiError
-        from langfuse.api.scores.types.create_score_batch_results import CreateScoreBatchResults
-
-        link = self._client.link
-        for i in range(0, len(scores), 500):  # well under the endpoint's 1 MiB body limit
-            batch = scores[i:i + 500]
-            if not link.open():
-                DROPS.add(DROPPED, len(batch), signal="scores", reason=link.state)
-                continue
-            try:
-                response = self._client.langfuse.api.scores.create(request=batch, request_options={"max_retries": 0})
-            except ApiError as e:
-                reason = _reason(e.status_code)
-                DROPS.add(DROPPED, len(batch), signal="scores", reason=reason)
-                link.failed(reason, f"HTTP {e.status_code}")
-                continue
-            except Exception as e:  # noqa: BLE001 - transport errors: no answer
-                DROPS.add(DROPPED, len(batch), signal="scores", reason="unreachable")
-                link.failed("unreachable", type(e).__name__)
-                continue
-            link.succeeded()
-            if isinstance(response, CreateScoreBatchResults) and response.rejected:
-                DROPS.add(DROPPED, response.rejected, signal="scores", reason="rejected")
-                log.warning("Langfuse rejected %d of %d scores: %s", response.rejected, len(batch),
-                            "; ".join(e.message for e in response.errors[:3]))
+    def _score(self, tid: str, observation_id: str, name: str, value: float, data_type: str) -> dict:
+        """A score-create body (the server's ScoreBody): on the generation, in the spans' environment.
+        A deterministic id: a batch sent twice (a retry after a lost answer) upserts, never duplicates."""
+        sid = hashlib.sha256(f"{tid}/{observation_id}/{name}".encode()).hexdigest()[:32]
+        return {"id": sid, "traceId": tid, "observationId": observation_id, "name": name, "value": value,
+                "dataType": data_type, "environment": self._client.environment}
 
 
 def _usage(x, g: int, i: int) -> dict[str, int]:
     """Token usage of completion i of group g: what the producer measured (TRL gives no prompt tokens)."""
     usage = {"input": x.prompt_tokens[g] if "prompt_tokens" not in x.unmeasured else math.nan, "output": x.length[i]}
     return {k: int(v) for k, v in usage.items() if math.isfinite(v)}
-
-
-def _score(tid: str, observation_id: str, name: str, value: float, data_type: str) -> dict:
-    # A deterministic id: a batch sent twice (a retry after a lost answer) upserts, never duplicates.
-    sid = hashlib.sha256(f"{tid}/{observation_id}/{name}".encode()).hexdigest()[:32]
-    return {"id": sid, "traceId": tid, "observationId": observation_id, "name": name, "value": value,
-            "dataType": data_type}
 
 
 def _spans(s: StepStats) -> int:

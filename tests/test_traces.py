@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from conftest import cli, free_port, wait_for
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
-from grpo_sentinel.telemetry.traces import Credentials, TraceSink, plan, trace_id
+from grpo_sentinel.telemetry.traces import Credentials, TraceSink, model_name, plan, trace_id
 from langfuse_server import FakeLangfuse
 
 P, G = 8, 4
@@ -85,11 +85,13 @@ INFO = RunInfo("run-7", "demo", "grpo", Scales(1.0, float(np.log(15)), 6), attem
                sampling={"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6})
 
 
-def test_the_sdk_builds_generations_with_texts_scores_tags_truncation_and_masking(langfuse):
+def test_the_sdk_builds_parentless_roots_generations_texts_scores_and_truncation(langfuse, monkeypatch):
+    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "staging")  # read when the process's client is made
     memory = InMemorySpanExporter()
-    cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url="http://grafana:3000")
+    grafana = "http://grafana.monitoring.svc.cluster.local:3000/" + "g" * 200  # no 200-character cap on metadata
+    cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url=grafana)
     sink = TraceSink(cfg, Credentials("pk-lf-test", "sk-lf-test", langfuse.url), span_exporter=memory)
-    sink.start(INFO)
+    sink.start(replace(INFO, model=str(demo_like_dir())))
     s = step(10, ("signal_vanished",))
     s = replace(s, traces=sink.plan(s))
     sink.on_step(s)
@@ -103,40 +105,164 @@ def test_the_sdk_builds_generations_with_texts_scores_tags_truncation_and_maskin
     trace = by_trace[first.trace_id]
     gens = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "generation"]
     root = [sp for sp in trace if sp.attributes["langfuse.observation.type"] == "span"]
-    assert len(gens) == G and len(root) == 1 and all(g.parent.span_id == root[0].context.span_id for g in gens)
+    # The root has no parent (the server reads the trace's input, output, metadata from it); G children.
+    assert len(gens) == G and len(root) == 1 and root[0].parent is None
+    assert all(g.parent.span_id == root[0].context.span_id for g in gens)
+    r = root[0].attributes
+    assert r["langfuse.observation.input"] == "7+7="
+    assert json.loads(r["langfuse.observation.output"]) == {"rewards": [0.875] * G, "correct": G}
+    # The trace-level metadata is the root's own, typed; nothing is propagated to the generations.
+    meta = {k.rsplit(".", 1)[1]: json.loads(v) for k, v in r.items() if k.startswith("langfuse.observation.metadata.")}
+    assert meta == {"run_id": "run-7", "attempt": 2, "step": 10, "kind": "train", "group": 7, "answer": "14",
+                    "reason": "highest reward (signal_vanished)", "group_reward_std": 0.0,
+                    "dashboard": f"{grafana}/d/grpo-health?var-run=run-7"}
+    assert not any(k.startswith("langfuse.trace.metadata") for sp in spans for k in sp.attributes)
     a = gens[0].attributes
     assert a["session.id"] == "run-7" and a["langfuse.trace.tags"] == ("train", "signal_vanished")
-    assert a["langfuse.trace.name"] == "train step 10 group 7"
-    assert json.loads(a["langfuse.trace.metadata.dashboard"]) == "http://grafana:3000/d/grpo-health?var-run=run-7"
+    assert a["langfuse.trace.name"] == "train step 10 group 7" and a["langfuse.environment"] == "staging"
     assert a["langfuse.observation.input"] == "7+7="
     assert a["langfuse.observation.output"] == "completion 2[... 12 more characters]"  # "completion 28 of step 10"
+    assert a["langfuse.observation.model.name"] == "tiny-llama"  # the directory's name, not the machine's path
     assert json.loads(a["langfuse.observation.model.parameters"]) == {"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6}
     assert json.loads(a["langfuse.observation.usage_details"]) == {"input": 4, "output": int(s.samples.length[28])}
     assert json.loads(a["langfuse.observation.metadata.reward"]) == 0.875
     assert json.loads(a["langfuse.observation.metadata.rewards"]) == {"correct": 1.0}
-    assert json.loads(a["langfuse.observation.metadata.kind"]) == "train"
-    # Scores went to the scores API: reward (numeric) and correct (boolean) per generation.
+    assert json.loads(a["langfuse.observation.metadata.step"]) == 10  # an int: no trace metadata over it
+    # Scores went to the ingestion API, all accepted: reward (numeric) and correct (boolean) per generation,
+    # in the spans' environment.
+    assert not langfuse.refused
     ids = {f"{g.context.span_id:016x}" for sp in by_trace.values() for g in sp
            if g.attributes["langfuse.observation.type"] == "generation"}
-    assert {sc["observationId"] for sc in langfuse.scores} == ids
-    kinds = {(sc["name"], sc["dataType"]) for sc in langfuse.scores}
-    assert kinds == {("reward", "NUMERIC"), ("correct", "BOOLEAN")}
-    assert len(langfuse.scores) == 2 * len(ids)
+    scores = list(langfuse.scores.values())
+    assert {sc["observationId"] for sc in scores} == ids and len(scores) == 2 * len(ids)
+    assert {(sc["name"], sc["dataType"]) for sc in scores} == {("reward", "NUMERIC"), ("correct", "BOOLEAN")}
+    assert {sc["environment"] for sc in scores} == {"staging"}
+    posted = [q for q in langfuse.requests if q["path"] == "/api/public/ingestion"]
+    assert posted and all(q["headers"]["x-langfuse-sdk-name"] == "python" for q in posted)
 
 
-def test_the_mask_redacts_before_anything_leaves_the_process(langfuse):
-    memory = InMemorySpanExporter()
-    cfg = TracesSettings(mask=[r"completion \d+", r"\d\+\d"])
-    # Another public key: the SDK keeps one client per key, and this one masks.
-    sink = TraceSink(cfg, Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
+def demo_like_dir():
+    """A local model directory: Langfuse shows its name, never where it lies on this machine."""
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp()) / "tiny-llama"
+    d.mkdir()
+    return d
+
+
+def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2-0.5B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert model_name("Qwen/Qwen2-0.5B") == "Qwen/Qwen2-0.5B" and model_name("demo") == "demo"
+    assert model_name(str(tmp_path / "hub")) == "hub" and model_name(str(tmp_path / "hub") + "/") == "hub"
+    assert model_name(str(snapshot)) == "Qwen/Qwen2-0.5B"
+    assert model_name("/models/not-here") == "not-here"  # absolute: a path even where it is not mounted
+
+
+def test_the_mask_redacts_before_anything_leaves_the_process_each_sink_its_own(langfuse):
+    memory = InMemorySpanExporter()  # the process's client keeps the first exporter given for a key
+
+    def masked(mask: list[str]) -> list:
+        # One public key: the process has one SDK client for it, and each sink still masks with its own patterns.
+        sink = TraceSink(TracesSettings(mask=mask), Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
+        sink.start(INFO)
+        s = step(5)
+        sink.on_step(replace(s, traces=sink.plan(s)))
+        sink.close()
+        spans = memory.get_finished_spans()
+        memory.clear()
+        return spans
+
     langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-mask:sk-lf-test").decode()
+    spans = masked([r"completion \d+", r"\d\+\d"])
+    gens = [sp for sp in spans if sp.attributes["langfuse.observation.type"] == "generation"]
+    assert gens and all(g.attributes["langfuse.observation.output"].startswith("[REDACTED] of step") for g in gens)
+    assert {sp.attributes["langfuse.observation.input"] for sp in spans} == {"[REDACTED]="}
+    unmasked = masked([])  # the second sink in this process: not the first one's mask
+    inputs = {sp.attributes["langfuse.observation.input"] for sp in unmasked}
+    assert inputs and inputs <= {f"{g}+{g}=" for g in range(P)}
+
+
+def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
+    """The requests a sink really sends pass; each mutation the server's schemas refuse is refused."""
+    import copy
+    import gzip
+
+    import requests
+
+    # A key of its own: this process's client for a key keeps the host it was first made with.
+    langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-strict:sk-lf-test").decode()
+    sink = TraceSink(TracesSettings(), Credentials("pk-lf-strict", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter())
     sink.start(INFO)
     s = step(5)
     sink.on_step(replace(s, traces=sink.plan(s)))
     sink.close()
-    gens = [sp for sp in memory.get_finished_spans() if sp.attributes["langfuse.observation.type"] == "generation"]
-    assert gens and all(g.attributes["langfuse.observation.output"].startswith("[REDACTED] of step") for g in gens)
-    assert all("[REDACTED]=" == g.attributes["langfuse.observation.input"] for g in gens)
+    sent = next(q for q in langfuse.requests if q["path"] == "/api/public/ingestion")
+    assert sent["status"] == 207 and not langfuse.refused and langfuse.scores
+    batch = json.loads(sent["body"])
+    headers = {"Authorization": langfuse.auth, "Content-Type": "application/json"}
+
+    def ingest(mutate) -> list[dict]:
+        body = copy.deepcopy(batch)
+        mutate(body["batch"][0])
+        r = requests.post(langfuse.url + "/api/public/ingestion", data=json.dumps(body), headers=headers, timeout=5)
+        assert r.status_code == 207
+        return r.json()["errors"]
+
+    assert ingest(lambda e: None) == []  # as sent: valid
+    mutations = {
+        "event id missing": lambda e: e.pop("id"),
+        "timestamp without an offset": lambda e: e.update(timestamp="2026-12-01T10:00:00"),
+        "not a score event": lambda e: e.update(type="trace-create"),
+        "no trace id for an observation score": lambda e: e["body"].pop("traceId"),
+        "trace and session": lambda e: e["body"].update(sessionId="s"),
+        "numeric value as a string": lambda e: e["body"].update(value="0.5", dataType="NUMERIC"),
+        "boolean 0.5": lambda e: e["body"].update(value=0.5, dataType="BOOLEAN"),
+        "boolean true (JSON has booleans; the schema wants 0 or 1)": lambda e: e["body"].update(value=True, dataType="BOOLEAN"),
+        "unknown data type": lambda e: e["body"].update(dataType="NUMBER"),
+        "empty name": lambda e: e["body"].update(name=""),
+        "score id not a string": lambda e: e["body"].update(id=7),
+        "observation id not a string": lambda e: e["body"].update(observationId=123),
+    }
+    for what, mutate in mutations.items():
+        errors = ingest(mutate)
+        assert [e["status"] for e in errors] == [400], what
+    # A batch that is not {"batch": [...]}, a body that is not JSON (NaN), or not said to be JSON: 400.
+    for data, ctype in ((json.dumps(batch["batch"]), "application/json"),
+                        ('{"batch": [{"value": NaN}]}', "application/json"), (json.dumps(batch), "text/plain")):
+        r = requests.post(langfuse.url + "/api/public/ingestion", data=data, headers={**headers, "Content-Type": ctype}, timeout=5)
+        assert r.status_code == 400, (data[:40], ctype)
+    # The scores route takes one score object: the list SDK 5.2's client sends is a 400.
+    scores = [e["body"] for e in batch["batch"]]
+    r = requests.post(langfuse.url + "/api/public/scores", json=scores, headers=headers, timeout=5)
+    assert r.status_code == 400
+    r = requests.post(langfuse.url + "/api/public/scores", json=scores[0], headers=headers, timeout=5)
+    assert r.status_code == 200 and r.json() == {"id": scores[0]["id"]}
+    # OTLP: the content type, the ingestion version, the ids' lengths.
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    req = ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add(name="s", trace_id=bytes(16), span_id=bytes(8))
+    otlp = langfuse.url + "/api/public/otel/v1/traces"
+    proto = {"Authorization": langfuse.auth, "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+
+    def export(headers=proto) -> int:
+        return requests.post(otlp, data=gzip.compress(req.SerializeToString()), headers=headers, timeout=5).status_code
+
+    assert export() == 200 and export({**proto, "x-langfuse-ingestion-version": "4"}) == 200
+    assert export({**proto, "x-langfuse-ingestion-version": "5"}) == 400
+    assert export({**proto, "Content-Type": "application/octet-stream"}) == 400
+    assert export({**proto, "Content-Encoding": "identity"}) == 400  # gzip bytes the server does not gunzip
+    span.span_id = b"\x01\x02\x03\x04"
+    assert export() == 400
+    span.span_id, span.trace_id = bytes(8), b""
+    assert export() == 400
+    # On demand: 403, 429, 503.
+    for status in (403, 429, 503):
+        langfuse.fail("otel", status, times=1)
+        span.trace_id = bytes(16)
+        assert export() == status and export() == 200
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,31 +294,51 @@ def rows(path) -> list[dict]:
     return list(csv.DictReader(path.open()))
 
 
+def delivered_as_planned(tmp_path, langfuse, run_id: str = "r") -> dict:
+    """Every trace the record names arrived whole (a parentless root under its id, with the trace-level
+    input, and its generations); returns the traces."""
+    traces = langfuse.traces()
+    record = rows(tmp_path / run_id / "steps.csv")
+    named = {t for r in record for t in r["trace_ids"].split()}
+    named |= {r["eval_trace_id"] for r in rows(tmp_path / run_id / "reward-vs-step.csv") if r["eval_trace_id"]}
+    assert named and named <= set(traces), sorted(named - set(traces))[:5]
+    for tid in named:
+        t = traces[tid]
+        assert t.root is not None and t.root["trace_id"] == tid, tid  # the root has no parent
+        assert t.input and t.output is not None and t.metadata["run_id"] == run_id, (tid, t.input, t.output)
+        assert t.session_id == run_id and t.generations
+        assert all(g["metadata"]["step"] == t.metadata["step"] for g in t.generations)  # typed, not overridden
+    return traces
+
+
 def test_a_training_run_sends_every_held_out_round_and_sampled_groups_linked_from_the_record(tmp_path, langfuse, demo_dir):
     p = train(tmp_path, langfuse.url)
     assert p.returncode == 0, p.stderr[-3000:]
-    traces = langfuse.traces()
-    names = {spans[0]["attributes"]["langfuse.trace.name"] for spans in traces.values()}
+    traces = delivered_as_planned(tmp_path, langfuse)
+    assert not langfuse.refused  # every request passed the server's contract
+    names = {t.name for t in traces.values()}
     # Held-out rounds at steps 0, 5, 10: one trace per prompt; training groups every 5 steps (1 of 8).
     assert {f"eval step {s} prompt {i}" for s in (0, 5, 10) for i in range(12)} <= names
     assert {n.rsplit(" group", 1)[0] for n in names if n.startswith("train")} == {"train step 5", "train step 10"}
-    assert all(sp["attributes"]["session.id"] == "r" for spans in traces.values() for sp in spans)
+    held_out = [t for t in traces.values() if t.metadata["kind"] == "eval"]
+    assert held_out and all(set(t.output) == {"sampled", "greedy"} for t in held_out)  # the trace-level output
+    assert {g["model"] for t in traces.values() for g in t.generations} == {"demo"}
     # The record names them: steps.csv trace_ids, reward-vs-step.csv the round's first trace and its link.
     record = rows(tmp_path / "r" / "steps.csv")
-    listed = [t for r in record for t in r["trace_ids"].split()]
-    assert listed and set(listed) <= set(traces)
     curve = rows(tmp_path / "r" / "reward-vs-step.csv")
     assert [r["step"] for r in curve] == ["0", "5", "10"]
-    assert all(r["eval_trace_id"] in traces for r in curve)
     assert curve[1]["eval_trace_url"] == f"{langfuse.url}/project/proj/traces/{curve[1]['eval_trace_id']}"
     # diagnose reads them back: each step's first trace, for the conditions' links.
     from grpo_sentinel.telemetry.health.ingest import load
 
     assert load(tmp_path / "r").traces == {int(r["step"]): r["trace_ids"].split()[0] for r in record if r["trace_ids"]}
-    # Every generation is scored; the scores point at the generations the server received.
-    generations = {sp["span_id"] for spans in traces.values() for sp in spans
-                   if sp["attributes"]["langfuse.observation.type"] == "generation"}
-    assert {sc["observationId"] for sc in langfuse.scores} == generations
+    # Every generation is scored; the scores point at the generations the server received, one per id.
+    generations = {g["span_id"] for t in traces.values() for g in t.generations}
+    assert {sc["observationId"] for sc in langfuse.scores.values()} == generations
+    assert all(sc["traceId"] in traces for sc in langfuse.scores.values())
+    # The exporter says who it is (the server attributes ingestion to it) and asks for the v4 write path.
+    otlp = [q["headers"] for q in langfuse.requests if q["path"] == "/api/public/otel/v1/traces"]
+    assert otlp and all(h["x-langfuse-sdk-name"] == "python" and h["x-langfuse-ingestion-version"] == "4" for h in otlp)
     # The keys never appear in the logs, the run directory or the payloads (only in the auth header).
     secret, public = KEYS["LANGFUSE_SECRET_KEY"], KEYS["LANGFUSE_PUBLIC_KEY"]
     everything = p.stdout + p.stderr + "".join(f.read_text(errors="replace") for f in (tmp_path / "r").rglob("*")
@@ -203,10 +349,39 @@ def test_a_training_run_sends_every_held_out_round_and_sampled_groups_linked_fro
     assert summary["telemetry_dropped"] == {}
 
 
+def test_a_server_refusing_every_score_still_gets_every_span_and_the_refusals_are_counted(tmp_path, langfuse, demo_dir):
+    langfuse.fail("ingestion", 400)
+    p = train(tmp_path, langfuse.url)
+    assert p.returncode == 0, p.stderr[-3000:]
+    traces = delivered_as_planned(tmp_path, langfuse)
+    # Every span of every trace: a root and a generation per completion (the demo's group of 8) or held-out mode (2).
+    assert all(len(t.spans) == 1 + (2 if t.metadata["kind"] == "eval" else 8) for t in traces.values())
+    assert not langfuse.scores
+    dropped = json.loads((tmp_path / "r" / "summary.json").read_text())["telemetry_dropped"]
+    generations = sum(len(t.generations) for t in traces.values())
+    train_gens = sum(len(t.generations) for t in traces.values() if t.metadata["kind"] == "train")
+    # Each generation's scores: correct, and the reward of each training completion; none of the spans.
+    assert dropped == {"grpo.traces.dropped{reason=rejected,signal=scores}": generations + train_gens}
+    assert p.stderr.count("refused scores") == 1  # said once, then only counted
+
+
+def test_a_207_with_some_scores_refused_counts_exactly_those(tmp_path, langfuse, demo_dir):
+    langfuse.event_status = lambda event: 500 if event["body"]["name"] == "reward" else None
+    p = train(tmp_path, langfuse.url)
+    assert p.returncode == 0, p.stderr[-3000:]
+    traces = delivered_as_planned(tmp_path, langfuse)
+    train_gens = {g["span_id"] for t in traces.values() if t.metadata["kind"] == "train" for g in t.generations}
+    kept = list(langfuse.scores.values())
+    assert kept and {sc["name"] for sc in kept} == {"correct"}  # the rest of each batch went in
+    assert {sc["observationId"] for sc in kept} == {g["span_id"] for t in traces.values() for g in t.generations}
+    dropped = json.loads((tmp_path / "r" / "summary.json").read_text())["telemetry_dropped"]
+    assert dropped == {"grpo.traces.dropped{reason=rejected,signal=scores}": len(train_gens)}
+
+
 def test_wrong_keys_are_one_clear_error_counted_drops_and_a_completed_run(tmp_path, langfuse, demo_dir):
     p = train(tmp_path, langfuse.url, keys={**KEYS, "LANGFUSE_SECRET_KEY": "sk-lf-wrong"})
     assert p.returncode == 0, p.stderr[-3000:]
-    assert langfuse.rejected > 0 and not langfuse.spans and not langfuse.scores
+    assert langfuse.rejected > 0 and not langfuse.spans and not langfuse.scores and not langfuse.refused
     assert p.stderr.count("rejected the keys") == 1 and "Traceback" not in p.stderr
     dropped = json.loads((tmp_path / "r" / "summary.json").read_text())["telemetry_dropped"]
     assert dropped.get("grpo.traces.dropped{reason=unauthorized,signal=spans}", 0) > 0
@@ -265,10 +440,9 @@ def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir
     first_attempt = set(langfuse.traces())
     r = subprocess.run(cli("train", "--resume", str(tmp_path / "r")), env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    roots = [sp["trace_id"] for sp in langfuse.spans if sp["attributes"].get("langfuse.internal.as_root")]
+    roots = [sp["trace_id"] for sp in langfuse.spans if not sp["parent_id"]]
     assert len(roots) == len(set(roots))  # every trace id sent once, across both attempts
-    attempts = {json.loads(sp["attributes"]["langfuse.trace.metadata.attempt"]) for sp in langfuse.spans}
-    assert attempts == {"1", "2"} and first_attempt
+    assert {t.metadata["attempt"] for t in langfuse.traces().values()} == {1, 2} and first_attempt
     # The record lists only the second attempt's traces for the steps it re-did.
     record = rows(tmp_path / "r" / "steps.csv")
     assert [r["step"] for r in record] == [str(s) for s in range(1, 17)]
