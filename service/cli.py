@@ -110,12 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--allow-path", dest="allowed_paths", action="append", type=Path, metavar="DIR",
                        help="a directory submitted model and data paths may lie under (repeatable; default: the "
                             "directory the daemon starts in)")
+    _runs_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
         from grpo_sentinel.service.daemon.serve import serve as run_daemon
 
         return run_daemon(args)
+    if args.command == "runs":
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+        from grpo_sentinel.service import client
+
+        return client.run(args)
     if args.command == "diagnose":
         return _diagnose(args)
     if args.command == "rules":
@@ -129,6 +135,40 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:  # a signal in the last moments, after the run's summary was written
         print(f"grpo-sentinel: {e}", file=sys.stderr)
         return 75
+
+
+def _runs_parser(sub) -> None:
+    """`grpo-sentinel runs ...`: a daemon's runs from the command line (service/client.py)."""
+    from grpo_sentinel.service.client import DEFAULT_URL, URL_ENV
+
+    runs = sub.add_parser("runs", help="submit, follow and stop runs on a daemon (grpo-sentinel serve); its token "
+                                       "from GRPO_SENTINEL_API_TOKEN")
+    cmd = runs.add_subparsers(dest="runs_command", required=True)
+    daemon = argparse.ArgumentParser(add_help=False)
+    daemon.add_argument("--url", help=f"the daemon's address (default ${URL_ENV}, else {DEFAULT_URL})")
+    retry = argparse.ArgumentParser(add_help=False, parents=[daemon])
+    retry.add_argument("--retry-s", type=health_cli.whole_number(0, "seconds"), default=120, metavar="S",
+                       help="while following, how long to wait for a daemon that went away (restarting) (default 120)")
+    submit = cmd.add_parser("submit", parents=[retry], help="queue a run: a config file as `train --config` reads it")
+    submit.add_argument("config", type=Path, nargs="?", help="YAML config (see examples/); none: the demo")
+    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set grpo.beta=0.02 (repeatable)")
+    submit.add_argument("--follow", action="store_true", help="then follow it as `runs follow` does")
+    for name, what in (("list", "every run: id, status, step"), ("show", "a run's status, metrics, conditions, accuracy")):
+        p = cmd.add_parser(name, parents=[daemon], help=what)
+        if name == "show":
+            p.add_argument("run_id", metavar="ID")
+        p.add_argument("--output", choices=("table", "json"), default="table", help="json: the API's answer, for scripts")
+    follow = cmd.add_parser("follow", parents=[retry], help="print a run's progress as `train` does, until it ends; "
+                                                            "exit with the run's code (0 completed, 3 halted, 75 stopped)")
+    follow.add_argument("run_id", metavar="ID")
+    cmd.add_parser("stop", parents=[daemon], help="stop a run: the running one checkpoints and ends `stopped`; a queued one is "
+                                "removed").add_argument("run_id", metavar="ID")
+    rec = cmd.add_parser("record", parents=[daemon], help="print a run's record as CSV")
+    rec.add_argument("run_id", metavar="ID")
+    rec.add_argument("--file", choices=("steps", "reward-vs-step"), default="steps",
+                     help="steps.csv (every step, default) or reward-vs-step.csv (the sampling rows)")
+    cmd.add_parser("report", parents=[daemon], help="print the diagnose markdown report of a run so far").add_argument("run_id", metavar="ID")
 
 
 def telemetry_sinks(cfg) -> list:

@@ -232,6 +232,12 @@ class Config(Section):
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli: Any) -> Config:
     """Defaults <- YAML file <- `a.b=c` overrides <- non-None CLI values given as dotted keys."""
+    return validate(raw_config(path, overrides, **cli))
+
+
+def raw_config(path: str | Path | None = None, overrides: list[str] = (), **cli: Any) -> dict[str, Any]:
+    """The mapping load_config validates: the YAML file with the overrides and CLI values set into it.
+    `runs submit` sends it as is: the daemon validates it where the model, data and reward modules are."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
@@ -254,7 +260,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli
     for key, value in cli.items():
         if value is not None:
             _set_dotted(raw, key, value)
-    return validate(raw)
+    return raw
 
 
 def validate(raw: dict[str, Any]) -> Config:

@@ -38,8 +38,11 @@ RESUMABLE = ("run.steps", "run.sample_every", "run.checkpoint_every", "run.keep_
 # How a run can end; a run with one of these in its summary is never trained again by itself.
 FINISHED = ("completed", "stopped_early", "halted", "stopped", "failed")
 
-# 74 = EX_IOERR: the disk under the run directory is full (free space, then run again / --resume). Here,
-# with the run directory, so that the CLI gives it at start-up without importing the trainer (torch).
+# Exit codes (README, "Crashes, preemption, bad input"), by the status a run ends with: 75 = EX_TEMPFAIL,
+# run me again with --resume. 74 = EX_IOERR: the disk under the run directory is full (free space, then run
+# again / --resume). Here, with the run directory, so that the CLI gives them (at start-up, and following
+# a run on the daemon) without importing the trainer (torch).
+EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
 EXIT_DISK = 74
 
 

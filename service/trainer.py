@@ -34,7 +34,7 @@ from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
 from grpo_sentinel.telemetry.record import RunRecord, recorded_steps
 from grpo_sentinel.service.rewards import RewardScorer, StepAbandoned
-from grpo_sentinel.service.runs import EXIT_DISK, Interrupted, RunDir, RunDirError
+from grpo_sentinel.service.runs import EXIT_CODES, EXIT_DISK, Interrupted, RunDir, RunDirError
 from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
 from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
@@ -44,10 +44,6 @@ from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Scales, S
 from grpo_sentinel.telemetry.traces import TraceSink
 
 log = logging.getLogger(__name__)
-
-# Exit codes (README, "Crashes, preemption, bad input"): 75 = EX_TEMPFAIL, run me again with --resume;
-# a full disk is runs.EXIT_DISK (74).
-EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
 
 
 class DiskFull(RuntimeError):

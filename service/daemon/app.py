@@ -10,24 +10,30 @@ makes that run `damaged`; it never fails a read of the others.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import secrets
+import threading
 import urllib.request
+from collections.abc import AsyncIterable
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+import anyio
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from grpo_sentinel.service.config import Config, format_error_list
 from grpo_sentinel.service.daemon.admission import Admission
+from grpo_sentinel.service.daemon.follow import Cursor, RunTail
 from grpo_sentinel.service.daemon.supervisor import Supervisor
-from grpo_sentinel.service.runs import RunDirError
+from grpo_sentinel.service.runs import FINISHED, RunDir, RunDirError
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.record import last_row
 from grpo_sentinel.telemetry.traces import credentials_from_env, links_from
@@ -232,6 +238,45 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
         th = Thresholds(window=runlog.window or auto_window(runlog.completions_per_step))
         return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
+    app.state.stopping = threading.Event()  # set when the daemon begins to shut down: the streams end first
+
+    @app.get("/v1/runs/{run_id}/events", dependencies=[Depends(authorised)], tags=["runs"],
+             response_class=EventSourceResponse, responses={400: {"description": "a Last-Event-ID this stream did not send"}})
+    async def events(run_id: str, rd: RunDir = Depends(run_of), follow: bool = False,
+                     last_event_id: str | None = Header(None)) -> AsyncIterable[ServerSentEvent]:
+        """The run's history, then (with `follow=true`) its progress as it happens, as server-sent events:
+        `status` {status, step, steps, attempt} at the start and when it changes; `event` each entry of
+        its events.jsonl (created, started, resumed, config_changed, ended); `step` each steps.csv row
+        (numbers as numbers, empty columns left out); `condition` {id, step, severity, cause, action}
+        when a health condition begins; `end` {id, status, step, steps, reason, baseline, final_eval}
+        once the run has ended (`removed`: stopped while queued) and its process has exited, which
+        ends the stream; `closing` when the daemon shuts down (reconnect: a restarted daemon resumes
+        the run and the stream). Each event's id is a cursor: sent back as `Last-Event-ID`, the stream
+        resumes after it, so a reconnecting follower sees no step or event twice."""
+        try:
+            tail = RunTail(rd.path, Cursor.parse(last_event_id))
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        while True:
+            child = supervisor.child  # read before the files: a run with no process left has written them all
+            busy = child is not None and child.run_id == run_id
+            if supervisor.run_dir(run_id) is None:
+                yield ServerSentEvent(event="end", data={"id": run_id, "status": "removed"}, id=str(tail.cursor))
+                return
+            items, summary = await anyio.to_thread.run_sync(tail.poll)  # file reads: never on the event loop
+            for kind, data, cursor in items:
+                yield ServerSentEvent(event=kind, data=_wire(kind, data), id=str(cursor))
+            if summary.get("status") in FINISHED and not busy:
+                yield ServerSentEvent(event="end", id=str(tail.cursor), data={
+                    "id": run_id, **{k: summary.get(k) for k in ("status", "step", "steps", "reason", "baseline", "final_eval")}})
+                return
+            if not follow:
+                return
+            if app.state.stopping.is_set():
+                yield ServerSentEvent(event="closing", id=str(tail.cursor), data={"reason": "the daemon is shutting down"})
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
+
     return app
 
 
@@ -299,6 +344,21 @@ async def _answer(send, status: int, message: str) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+# How often a followed run's files are looked at: a step is seen within this of being recorded, and a
+# follower's stream ends within it of the daemon's SIGTERM.
+FOLLOW_POLL_S = 0.25
+
+
+def _wire(kind: str, data: dict) -> dict:
+    """An event as the stream sends it: a step row's numbers as numbers, a condition with its meaning."""
+    if kind == "step":  # the step as the integer it is: the cursor counts steps
+        return {**{k: _number(v) for k, v in data.items() if v != ""}, "step": int(data["step"])}
+    if kind == "condition" and data["id"] in BY_ID:
+        c = BY_ID[data["id"]]
+        return {**data, "severity": c.severity, "cause": c.cause, "action": c.action}
+    return data
 
 
 def _step(rd, summary: dict, row: dict | None = None) -> int:

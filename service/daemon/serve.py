@@ -134,8 +134,12 @@ def serve(args) -> int:
     app.router.lifespan_context = lifespan
     server = _Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="on",
                                     timeout_graceful_shutdown=2))
+    def stop(signum, frame) -> None:
+        app.state.stopping.set()  # the event streams end at once instead of holding up the shutdown
+        server.should_exit = True
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
+        signal.signal(sig, stop)
     log.info("grpo-sentinel daemon on http://%s/ (state %s, grace %.0f s)%s", s.listen, s.state_dir, s.grace_s,
              "" if token is None else ", API token required")
     server.run()
