@@ -124,18 +124,20 @@ def test_stop_from_another_process_while_following_and_streams_never_hold_up_the
     f = follower(d, "long", tmp_path / "follow.err")
     record = d.state / "runs" / "long" / "steps.csv"
     assert wait_for(lambda: len(printed((tmp_path / "follow.err").read_text())) >= 2, 600, 0.1)
-    # More followers than the server's worker threads (40): a stream that held a thread would starve
-    # the probes and every other endpoint.
-    streams = [urllib.request.urlopen(d.url + "/v1/runs/long/events?follow=true", timeout=60) for _ in range(48)]
+    # More followers than the server has worker threads (40), of a queued run (nothing to send for a
+    # while): a stream that held a thread while it waited would starve the probes and every endpoint.
+    assert d.call("POST", "/v1/runs", tiny("later", 1))[0] == 201
+    streams = [urllib.request.urlopen(d.url + "/v1/runs/later/events?follow=true", timeout=60) for _ in range(48)]
     try:
         for s in streams:
             assert s.readline().startswith(b"event: status")
         t0 = time.monotonic()
-        assert d.call("GET", "/readyz") == (200, {"status": "ready"}) and d.call("GET", "/v1/runs")[0] == 200
+        assert answers_within(d.url + "/readyz", 10) and answers_within(d.url + "/v1/runs", 10)
         assert time.monotonic() - t0 < 10
     finally:
         for s in streams:
             s.close()
+    assert runs(d, "stop", "later").stdout.strip() == "run later: removed from the queue (it had not started)"
     stopped = runs(d, "stop", "long")
     assert stopped.returncode == 0 and stopped.stdout.startswith("run long: stopping")
     out, _ = f.communicate(timeout=600)
@@ -145,6 +147,11 @@ def test_stop_from_another_process_while_following_and_streams_never_hold_up_the
     assert out.strip() == f"run stopped at step {len(rows)}: long" and "Traceback" not in err
     assert printed(err) == as_printed(rows) and "grpo-sentinel: stopped through the API" in err
     assert runs(d, "stop", "long").stdout.strip() == "run long: already stopped; nothing to stop"
+
+
+def answers_within(url: str, seconds: float) -> bool:
+    with urllib.request.urlopen(url, timeout=seconds) as r:
+        return r.status == 200
 
 
 def test_the_daemon_restarted_twice_while_following_and_no_step_is_printed_twice(daemons, tmp_path, demo_dir):

@@ -240,10 +240,17 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
 
     app.state.stopping = threading.Event()  # set when the daemon begins to shut down: the streams end first
 
+    def cursor_of(last_event_id: str | None = Header(None)) -> Cursor:
+        """A dependency, so that a bad id is a 400 before the stream's 200 is sent."""
+        try:
+            return Cursor.parse(last_event_id)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+
     @app.get("/v1/runs/{run_id}/events", dependencies=[Depends(authorised)], tags=["runs"],
              response_class=EventSourceResponse, responses={400: {"description": "a Last-Event-ID this stream did not send"}})
     async def events(run_id: str, rd: RunDir = Depends(run_of), follow: bool = False,
-                     last_event_id: str | None = Header(None)) -> AsyncIterable[ServerSentEvent]:
+                     since: Cursor = Depends(cursor_of)) -> AsyncIterable[ServerSentEvent]:
         """The run's history, then (with `follow=true`) its progress as it happens, as server-sent events:
         `status` {status, step, steps, attempt} at the start and when it changes; `event` each entry of
         its events.jsonl (created, started, resumed, config_changed, ended); `step` each steps.csv row
@@ -253,10 +260,7 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
         ends the stream; `closing` when the daemon shuts down (reconnect: a restarted daemon resumes
         the run and the stream). Each event's id is a cursor: sent back as `Last-Event-ID`, the stream
         resumes after it, so a reconnecting follower sees no step or event twice."""
-        try:
-            tail = RunTail(rd.path, Cursor.parse(last_event_id))
-        except ValueError as e:
-            raise HTTPException(400, str(e)) from None
+        tail = RunTail(rd.path, since)
         while True:
             child = supervisor.child  # read before the files: a run with no process left has written them all
             busy = child is not None and child.run_id == run_id
