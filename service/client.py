@@ -72,6 +72,9 @@ def failure(url: str, status: int, body: bytes) -> ClientError:
     if status == 507:
         return Unavailable(f"the daemon at {url} {said or 'cannot write into its state directory'}: free space on "
                            "its state volume (or make it writable), then submit again; nothing was queued")
+    if status == 500:
+        return Unavailable(f"the daemon at {url} failed on this request (500 {said or 'Internal Server Error'}); "
+                           "its log has the error")
     if status >= 500:
         return Unavailable(f"the daemon at {url} answered {status} ({said or 'unavailable'}): it may be starting or "
                            "shutting down; try again")

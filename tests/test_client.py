@@ -196,8 +196,8 @@ def test_a_wrong_token_bad_input_and_an_unreachable_daemon_are_one_line_each(dae
     assert runs(d, "submit", str(cfg), token="s3cret").stdout == "once\n"
     p = runs(d, "submit", str(cfg), token="s3cret")
     assert p.returncode == 2 and "run 'once' already exists: pick another run.run_id" in one_line(p)
-    # An invalid config: the daemon's message is `train`'s, word for word (the paths are the daemon's).
-    cfg.write_text("grpo: {group_sise: 8}\noptim: {lr: fast}\nmodel: {path: /nowhere}\n")
+    # An invalid config: the daemon's message is `train`'s, word for word.
+    cfg.write_text("grpo: {group_sise: 8}\noptim: {lr: fast}\n")
     submitted = runs(d, "submit", str(cfg), "--set", "run.steps=0", token="s3cret")
     trained = subprocess.run(cli("train", "--config", str(cfg), "--set", "run.steps=0"), capture_output=True, text=True)
     assert submitted.returncode == trained.returncode == 2
@@ -218,6 +218,7 @@ def test_a_wrong_token_bad_input_and_an_unreachable_daemon_are_one_line_each(dae
     (507, b'{"detail": "cannot write the run into the state directory: No space left on device"}', 69,
      "free space on its state volume"),
     (503, b"<html>Service Unavailable</html>", 69, "answered 503"),
+    (500, b"Internal Server Error", 69, "its log has the error"),
     (422, b'{"message": "invalid config (1 problem):\\n  - run.steps: bad", "detail": []}', 2, "run.steps: bad"),
     (400, b'{"detail": "Last-Event-ID \'x\' is not an id this stream sent"}', 2, "Last-Event-ID"),
 ])
