@@ -58,11 +58,11 @@ def failure(url: str, status: int, body: bytes) -> ClientError:
         answer = json.loads(body)
     except ValueError:
         answer = {}
-    said = answer.get("message") or answer.get("detail") if isinstance(answer, dict) else None
-    said = said if isinstance(said, str) else ""
+    said = (answer.get("message") or answer.get("detail")) if isinstance(answer, dict) else None
+    said = said if isinstance(said, str) else ""  # a 422's `detail` is the list `message` says in words
     if status == 401:
-        given = "no token was given" if not os.environ.get(TOKEN_ENV) else f"the token in {TOKEN_ENV} is not its token"
-        return ClientError(f"the daemon at {url} requires its API token and {given}: set {TOKEN_ENV} to the "
+        given = f"the token in {TOKEN_ENV} is not its token" if os.environ.get(TOKEN_ENV) else "no token was given"
+        return ClientError(f"the daemon at {url} requires its API token, and {given}: set {TOKEN_ENV} to the "
                            "token the daemon was started with", EXIT_BAD_INPUT)
     if status == 404:
         hint = ": `grpo-sentinel runs list` shows its runs" if said.startswith("no run") else ""
@@ -266,7 +266,8 @@ COMMANDS = {"submit": submit, "list": list_runs, "show": show, "follow": follow,
 def follow_run(client: Client, run_id: str, retry_s: float) -> int:
     """Print the run's progress as `train` does (its progress line, conditions as they begin, the final
     line) until it ends; the exit code of how it ended. A daemon that goes away is waited for `retry_s`
-    seconds; the stream resumes after the last event seen."""
+    seconds (a daemon never reached is an error at once: a wrong address, most likely); the stream
+    resumes after the last event seen."""
     printer = Printer(run_id)
     last_id, lost, wait = None, None, 0.5
     while True:
@@ -280,6 +281,8 @@ def follow_run(client: Client, run_id: str, retry_s: float) -> int:
                 printer.show(msg)
             why = "the daemon is shutting down" if printer.closing else "the connection to the daemon dropped"
         except Unavailable as e:
+            if printer.status is None:
+                raise
             why = str(e)
         if lost is None:
             lost = time.monotonic()

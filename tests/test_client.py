@@ -209,6 +209,8 @@ def test_a_wrong_token_bad_input_and_an_unreachable_daemon_are_one_line_each(dae
     d.stop(signal.SIGKILL)
     p = runs(None, "list", url=d.url, token="s3cret")
     assert p.returncode == 69 and "cannot reach the daemon at " + d.url in one_line(p)
+    p = runs(None, "follow", "once", url=d.url, token="s3cret")  # never reached: at once, not after --retry-s
+    assert p.returncode == 69 and "cannot reach the daemon" in one_line(p)
     p = runs(None, "list", url="localhost:8000")
     assert p.returncode == 2 and "expected the daemon's address" in one_line(p)
     assert "s3cret" not in d.output()
