@@ -164,6 +164,8 @@ def _runs_parser(sub) -> None:
     follow.add_argument("run_id", metavar="ID")
     cmd.add_parser("stop", parents=[daemon], help="stop a run: the running one checkpoints and ends `stopped`; a queued one is "
                                 "removed").add_argument("run_id", metavar="ID")
+    cmd.add_parser("resume", parents=[daemon], help="queue a failed run again (say, once its full disk has room): it "
+                                                    "continues from its newest checkpoint").add_argument("run_id", metavar="ID")
     rec = cmd.add_parser("record", parents=[daemon], help="print a run's record as CSV")
     rec.add_argument("run_id", metavar="ID")
     rec.add_argument("--file", choices=("steps", "reward-vs-step"), default="steps",

@@ -67,8 +67,9 @@ def failure(url: str, status: int, body: bytes) -> ClientError:
     if status == 404:
         hint = ": `grpo-sentinel runs list` shows its runs" if said.startswith("no run") else ""
         return ClientError(f"{said or 'not found'} (the daemon at {url}){hint}", EXIT_BAD_INPUT)
-    if status == 409:
-        return ClientError(f"{said}: pick another run.run_id (e.g. --set run.run_id=NAME)", EXIT_BAD_INPUT)
+    if status == 409:  # a taken run id, or a resume of a run that has not failed
+        hint = ": pick another run.run_id (e.g. --set run.run_id=NAME)" if "already exists" in said else ""
+        return ClientError(f"{said or 'conflict'}{hint}", EXIT_BAD_INPUT)
     if status == 507:
         return Unavailable(f"the daemon at {url} {said or 'cannot write into its state directory'}: free space on "
                            "its state volume (or make it writable), then submit again; nothing was queued")
@@ -241,6 +242,12 @@ def stop(client: Client, args) -> int:
     return 0
 
 
+def resume(client: Client, args) -> int:
+    r = client.json("POST", f"/v1/runs/{_quoted(args.run_id)}/resume")
+    print(f"run {r['id']}: {r['status']} again; it continues from its newest checkpoint")
+    return 0
+
+
 def record(client: Client, args) -> int:
     sys.stdout.write(client.text("GET", f"/v1/runs/{_quoted(args.run_id)}/record?file={args.file}"))
     return 0
@@ -255,8 +262,8 @@ def follow(client: Client, args) -> int:
     return follow_run(client, args.run_id, args.retry_s)
 
 
-COMMANDS = {"submit": submit, "list": list_runs, "show": show, "follow": follow, "stop": stop, "record": record,
-            "report": report}
+COMMANDS = {"submit": submit, "list": list_runs, "show": show, "follow": follow, "stop": stop, "resume": resume,
+            "record": record, "report": report}
 
 
 # ---------------------------------------------------------------------------------------------------

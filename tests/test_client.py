@@ -267,6 +267,11 @@ def test_the_stream_resumes_after_its_cursor_across_a_resume_that_rewrites_the_r
     # A follower that reconnects with the last id it saw is sent nothing it saw.
     again = RunTail(tmp_path, Cursor.parse(str(got[-1][2])))
     assert [k for k, _, _ in again.poll()[0]] == ["status"]
+    # A summary caught mid-write reads again next time; one unreadable twice running is a damaged run.
+    (tmp_path / "summary.json").write_text('{"status": "comp')
+    assert again.poll()[1]["status"] == "running"
+    damaged = again.poll()[1]
+    assert damaged["status"] == "damaged" and "is corrupt" in damaged["reason"]
     assert Cursor.parse("12-3") == Cursor(12, 3) and str(Cursor(12, 3)) == "12-3"
     with pytest.raises(ValueError, match="STEP-EVENTS"):
         Cursor.parse("12")

@@ -256,7 +256,8 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
         its events.jsonl (created, started, resumed, config_changed, ended); `step` each steps.csv row
         (numbers as numbers, empty columns left out); `condition` {id, step, severity, cause, action}
         when a health condition begins; `end` {id, status, step, steps, reason, baseline, final_eval}
-        once the run has ended (`removed`: stopped while queued) and its process has exited, which
+        once the run has ended (`removed`: stopped while queued; `damaged`: its summary.json cannot be
+        read) and its process has exited, which
         ends the stream; `closing` when the daemon shuts down (reconnect: a restarted daemon resumes
         the run and the stream). Each event's id is a cursor: sent back as `Last-Event-ID`, the stream
         resumes after it, so a reconnecting follower sees no step or event twice."""
@@ -270,7 +271,7 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
             items, summary = await anyio.to_thread.run_sync(tail.poll)  # file reads: never on the event loop
             for kind, data, cursor in items:
                 yield ServerSentEvent(event=kind, data=_wire(kind, data), id=str(cursor))
-            if summary.get("status") in FINISHED and not busy:
+            if summary.get("status") in (*FINISHED, "damaged") and not busy:
                 yield ServerSentEvent(event="end", id=str(tail.cursor), data={
                     "id": run_id, **{k: summary.get(k) for k in ("status", "step", "steps", "reason", "baseline", "final_eval")}})
                 return

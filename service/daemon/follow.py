@@ -67,7 +67,7 @@ class _Appended:
 
 class RunTail:
     """What a follower of one run has not been sent yet, as (kind, data, cursor after it), oldest first:
-    `status` {status, step, steps, attempt} when it changes; `event` an events.jsonl entry; `step` a
+    `status` {status, step, steps, attempt} when it changes (`damaged`: summary.json is unreadable); `event` an events.jsonl entry; `step` a
     steps.csv row (text, as recorded); `condition` {id, step} for each health condition that begins at a
     step (active there, not at the step before: the monitor's own definition of a new episode)."""
 
@@ -79,14 +79,17 @@ class RunTail:
         self._header: list[str] = []
         self._health: set[str] = set()  # the conditions active at the newest row read
         self._status: dict | None = None
+        self._unreadable = 0  # polls in a row that found summary.json unreadable
 
     def poll(self) -> tuple[list[tuple[str, dict, Cursor]], dict]:
         """Everything new since the last poll, and the summary as it was before the files were read (so
         a summary that says the run has ended comes with every row and event it wrote before that)."""
         try:
             summary = runfiles.read_summary(self._summary_path)
-        except ValueError:  # being replaced, or damaged (the run's own endpoint reports that): read it next time
-            summary = self._status or {}
+            self._unreadable = 0
+        except ValueError as e:  # caught mid-write (rewritten in place on a full disk), or damaged: twice running
+            self._unreadable += 1
+            summary = {**(self._status or {}), **({"status": "damaged", "reason": str(e)} if self._unreadable > 1 else {})}
         out: list[tuple[str, dict, Cursor]] = []
         status = {"status": summary.get("status", "queued"), "step": summary.get("step", 0),
                   "steps": summary.get("steps", 0), "attempt": summary.get("attempt", 0)}
