@@ -67,9 +67,10 @@ class _Appended:
 
 class RunTail:
     """What a follower of one run has not been sent yet, as (kind, data, cursor after it), oldest first:
-    `status` {status, step, steps, attempt} when it changes (`damaged`: summary.json is unreadable); `event` an events.jsonl entry; `step` a
-    steps.csv row (text, as recorded); `condition` {id, step} for each health condition that begins at a
-    step (active there, not at the step before: the monitor's own definition of a new episode)."""
+    `status` {status, step, steps, attempt} when it changes (`damaged`: summary.json is unreadable);
+    `event` an events.jsonl entry; `step` a steps.csv row (text, as recorded); `condition` {id, step} for
+    each health condition that begins at a step (active there, not at the step before: the monitor's own
+    definition of a new episode)."""
 
     def __init__(self, run_dir: Path, since: Cursor = Cursor()):
         self.cursor = since
