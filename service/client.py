@@ -181,6 +181,10 @@ def run(args) -> int:
     except ClientError as e:
         print(f"grpo-sentinel: {e}", file=sys.stderr)
         return e.code
+    except KeyboardInterrupt:  # Ctrl-C while following: only this command ends
+        print("\ngrpo-sentinel: interrupted; a run on the daemon goes on (`grpo-sentinel runs stop ID` stops it)",
+              file=sys.stderr)
+        return 130
 
 
 def submit(client: Client, args) -> int:
