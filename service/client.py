@@ -1,7 +1,7 @@
 """`grpo-sentinel runs ...`: the daemon's API from the command line (standard library HTTP only).
 
 A config is read with `train`'s own loader (the YAML file, then `--set`) and sent as it is: the daemon
-validates it, where its model, data and reward modules are, and its message is `train`'s. Following a
+validates and admits it (its paths and reward modules are the daemon's), and its message is `train`'s. Following a
 run reads the daemon's event stream (`GET /v1/runs/{id}/events?follow=true`), reconnecting with the
 last event's id when the daemon restarts, so no step is printed twice.
 

@@ -237,7 +237,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), **cli
 
 def raw_config(path: str | Path | None = None, overrides: list[str] = (), **cli: Any) -> dict[str, Any]:
     """The mapping load_config validates: the YAML file with the overrides and CLI values set into it.
-    `runs submit` sends it as is: the daemon validates it where the model, data and reward modules are."""
+    `runs submit` sends it as is, for the daemon to validate (its paths and reward modules are the daemon's)."""
     raw: dict[str, Any] = {}
     if path is not None:
         try:
