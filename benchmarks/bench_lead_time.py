@@ -89,20 +89,28 @@ def zoo_table(seeds: int) -> list[dict]:
     return rows
 
 
-def false_pages(runs: int = 300) -> list[dict]:
+def false_pages(runs: int = 300, held_out: bool = False) -> list[dict]:
+    """Conditions on healthy runs: the families the tests hold the thresholds to (zoo.HEALTHY), or
+    the held-out ones no threshold was chosen on (zoo.HELD_OUT_HEALTHY), with the rows that fired."""
     import zoo
 
     out = []
-    for gen in zoo.HEALTHY:
+    for gen in (zoo.HELD_OUT_HEALTHY if held_out else zoo.HEALTHY):
+        rows: dict[str, int] = {}
         warnings = criticals = steps = 0
         for seed in range(runs):
             log = zoo.make(gen, seed)
             steps += len(log)
-            for c in diagnose(log).conditions:
+            found = diagnose(log).conditions
+            for c in found:
                 warnings += c.severity == "warning"
                 criticals += c.severity == "critical"
+            for cid in {f"{c.id} ({c.severity})" for c in found if c.severity != "info"}:
+                rows[cid] = rows.get(cid, 0) + 1
+        paged = sum(1 for seed in range(runs) if any(c.severity != "info" for c in diagnose(zoo.make(gen, seed)).conditions))
         out.append({"family": gen.__name__, "runs": runs, "steps": steps, "warnings": warnings, "criticals": criticals,
-                    "warnings_per_1000": 1000 * warnings / steps, "criticals_per_1000": 1000 * criticals / steps})
+                    "warnings_per_1000": 1000 * warnings / steps, "criticals_per_1000": 1000 * criticals / steps,
+                    "runs_paged": paged, "runs_by_row": rows})
     return out
 
 
@@ -190,7 +198,7 @@ def score(run_dir: Path, name: str, seed: int) -> dict:
     diag = diagnose(log, Thresholds(window=window))
     offline = {c.id for c in diag.conditions}
     first = {sev: min(((s, c) for c, s in seen.items() if BY_ID[c].severity == sev), default=(None, "")) for sev in ("warning", "critical")}
-    dmg, words = damage_step(log, Thresholds(window=window))
+    dmg, words, _, _ = damage_step(log, Thresholds(window=window))
     real = real_damage(log)
     lead = lambda d, a: None if d is None or a is None else d - a
     return {"run": name, "seed": seed, "dir": str(run_dir), "damage": dmg, "damage_words": words, "real_damage": real,
@@ -283,9 +291,13 @@ def main() -> None:
                   f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
                   f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
         report["false_pages"] = fp = false_pages(args.healthy_runs)
-        for r in fp:
-            print(f"  healthy {r['family']:16} {r['runs']} runs, {r['steps']:,} steps: {r['warnings']} warnings "
-                  f"({r['warnings_per_1000']:.3f} / 1,000 steps), {r['criticals']} critical ({r['criticals_per_1000']:.3f} / 1,000 steps)")
+        report["false_pages_held_out"] = fp_held = false_pages(args.healthy_runs, held_out=True)
+        for label, rows_ in (("", fp), ("held out: ", fp_held)):
+            for r in rows_:
+                print(f"  {label}healthy {r['family']:22} {r['runs']} runs, {r['steps']:,} steps: {r['warnings']} warnings "
+                      f"({r['warnings_per_1000']:.3f} / 1,000 steps), {r['criticals']} critical "
+                      f"({r['criticals_per_1000']:.3f} / 1,000 steps); runs paged {r['runs_paged']} "
+                      f"({100 * r['runs_paged'] / r['runs']:.1f} %) {r['runs_by_row'] or ''}")
         print()
     if "induced" in args.only:
         rows = rescore(args.rescore) if args.rescore else induced(args.steps, args.healthy_seeds, args.jobs, args.keep)

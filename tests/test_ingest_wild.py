@@ -163,3 +163,123 @@ def test_a_jsonl_without_steps_is_a_clear_error(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"reward": 1}\n{"reward": 2}\n')
     with pytest.raises(IngestError, match="no step column"):
         load(tmp_path / "x.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the public logs hold (benchmarks/wild/): the keys and formats they use, read as their authors mean them.
+
+
+def test_old_trl_and_unsloth_reward_keys_and_a_payout_of_two(tmp_path):
+    """Up to TRL 0.16 and in Unsloth's notebooks the components are rewards/<fn> (no /mean); Unsloth's
+    correctness function pays 2.0 a correct answer, so a step mean of 2/3 is 1/3 of the answers right."""
+    history = [{"step": s, "reward": 1.0, "rewards/correctness_reward_func": v, "rewards/xmlcount_reward_func": 0.1}
+               for s, v in enumerate([0.0, 2 / 3, 2.0, 4 / 3] * 10, start=1)]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    log = load(tmp_path / "trainer_state.json")
+    assert log.series["train_acc"][:4] == pytest.approx([0.0, 1 / 3, 1.0, 2 / 3])
+    assert noted(log, "divided by its payout 2") and noted(log, "rewards/xmlcount_reward_func (auxiliary)")
+    assert log.series["reward_aux"][0] == pytest.approx(0.1)
+
+
+def test_custom_names_mean_reward_accuracy_and_rates(tmp_path):
+    n = 40
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, n + 1.0), "mean_reward": np.full(n, 0.4), "accuracy": np.full(n, 0.3),
+                                 "advantage/zero_rate": np.full(n, 0.2), "length/cap_hit_rate": np.full(n, 0.05)})
+    log = load(tmp_path / "m.csv")
+    assert {k: float(log.series[k][0]) for k in ("reward", "train_acc", "frac_zero_std", "truncation_rate")} == pytest.approx(
+        {"reward": 0.4, "train_acc": 0.3, "frac_zero_std": 0.2, "truncation_rate": 0.05})
+
+
+def test_roll_logs_are_read_and_their_reward_rates_are_not_summed(tmp_path):
+    lines = [json.dumps({"system/step": s, "critic/score/mean": 0.5, "reward/pass_rate": 0.5, "reward/format_rate": 0.9})
+             for s in range(1, 41)]
+    (tmp_path / "roll.jsonl").write_text("\n".join(lines) + "\n")
+    log = load(tmp_path / "roll.jsonl")
+    assert log.series["step"][-1] == 40 and "reward_aux" not in log.series and "train_acc" not in log.series
+    assert noted(log, "reward/format_rate (ROLL: a rate")
+
+
+def test_a_column_that_is_zero_on_every_row_is_not_measured(tmp_path):
+    """beta = 0: KL is logged as 0 throughout. 'KL ~ 0, lower beta' would be advice on a number nobody measured."""
+    n = 120
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, n + 1.0), "reward": np.full(n, 0.5), "kl": np.zeros(n)})
+    log = load(tmp_path / "m.csv")
+    assert "kl" not in log.series and noted(log, "kl is exactly 0 on every row: not measured")
+    diag = diagnose(log)
+    assert "plateau_kl_flat" in diag.not_assessable and not any(c.id == "plateau_kl_flat" for c in diag.conditions)
+
+
+def test_a_sole_component_is_the_reward_and_an_unknown_one_is_unclassified(tmp_path):
+    n = 40
+    csv_log(tmp_path / "a.csv", {"step": np.arange(1, n + 1.0), "reward_length": np.full(n, 0.7)})
+    log = load(tmp_path / "a.csv")
+    assert log.series["reward"][0] == pytest.approx(0.7) and "reward_aux" not in log.series
+    assert noted(log, "sole reward component and the reward itself")
+    csv_log(tmp_path / "b.csv", {"step": np.arange(1, n + 1.0), "reward": np.full(n, 1.2), "reward_gameplay": np.full(n, 0.9),
+                                 "reward_format": np.full(n, 0.3)})
+    log = load(tmp_path / "b.csv")
+    assert noted(log, "unclassified reward components: reward_gameplay") and not log.reward_is_correctness
+    assert log.series["reward_aux"][0] == pytest.approx(0.3) and "train_acc" not in log.series
+
+
+def test_the_books_combined_reward_is_split(tmp_path):
+    """7_6_plus_format_reward.py: reward = correctness + 1.0 x format; the log has reward_avg and
+    format_reward_avg. Correctness is what is left: 1.25 - 1.0 = 0.25."""
+    n = 60
+    correct = np.tile([0.25, 0.5, 0.0], n // 3)
+    csv_log(tmp_path / "m.csv", {"step": np.arange(1, n + 1.0), "reward_avg": correct + 1.0, "format_reward_avg": np.ones(n)})
+    log = load(tmp_path / "m.csv")
+    assert log.series["train_acc"] == pytest.approx(correct) and noted(log, "train_acc = reward - reward_aux")
+
+
+def test_console_logs_of_trl_verl_and_step_printing_loops(tmp_path):
+    trl = ["{'loss': '0.01', 'grad_norm': '0.5', 'rewards/accuracy_reward/mean': '0.25', 'reward': '0.25', 'epoch': '0.01'}",
+           "  5%|#         | 2/40 [00:10<03:10,  5.0s/it]",
+           "{'loss': 0.02, 'grad_norm': 0.4, 'rewards/accuracy_reward/mean': 0.5, 'reward': 0.5, 'epoch': 0.02}",
+           "{'eval_loss': 0.1, 'eval_accuracy': 0.4, 'epoch': 0.02}",
+           "{'train_runtime': 100.0, 'train_loss': 0.015, 'epoch': 0.02}"]
+    (tmp_path / "trl.log").write_text("\n".join(trl) + "\n")
+    log = load(tmp_path / "trl.log")
+    assert log.format == "stdout" and log.series["step"].tolist() == [1, 2]
+    assert log.series["reward"].tolist() == [0.25, 0.5] and log.series["sample_acc"].tolist()[1] == 0.4
+    verl = ["(TaskRunner pid=1) step:1 - actor/pg_loss:0.1 - critic/score/mean:0.25 - response_length/mean:120.5",
+            "(TaskRunner pid=1) step:2 - actor/pg_loss:-0.05 - critic/score/mean:0.375 - response_length/mean:130.0"]
+    (tmp_path / "verl.log").write_text("\n".join(verl) + "\n")
+    log = load(tmp_path / "verl.log")
+    assert log.series["reward"].tolist() == [0.25, 0.375] and log.series["loss"].tolist() == [0.1, -0.05]
+    assert log.series["response_len"].tolist() == [120.5, 130.0]
+    book = ["[Step 1/500] loss=-0.03 reward_avg=0.125 avg_response_len=38.4", "[Step 2/500] loss=-0.12 reward_avg=0.25 avg_response_len=384.0"]
+    (tmp_path / "book.txt").write_text("\n".join(book) + "\n")
+    assert load(tmp_path / "book.txt").series["reward"].tolist() == [0.125, 0.25]
+
+
+def test_nothing_judged_says_could_not_judge(tmp_path):
+    from grpo_sentinel.telemetry.health.detectors import Thresholds
+    from grpo_sentinel.telemetry.health.report import to_text
+
+    n = 60
+    csv_log(tmp_path / "a.csv", {"step": np.arange(1, n + 1.0), "loss": np.full(n, 0.1)})  # no reward
+    log = load(tmp_path / "a.csv")
+    text = to_text(diagnose(log), log, Thresholds())
+    assert "could not judge: no reward was read" in text and "no condition found" not in text
+    csv_log(tmp_path / "b.csv", {"step": np.arange(1, 31.0), "reward": np.full(30, 0.5)})  # 30 rows < 2 x 20
+    log = load(tmp_path / "b.csv")
+    assert "could not judge: 30 rows, fewer than two 20-step windows" in to_text(diagnose(log), log, Thresholds())
+
+
+def test_the_real_corpus_agrees_with_its_authors():
+    """benchmarks/wild/: no log refused; no critical page on a run its authors call healthy; every failure
+    they document paged with a cause that reads it. The floor is the count reached when this test was
+    written (benchmarks/bench_wild.py prints the table); it may only rise."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    from bench_wild import evaluate
+
+    results = evaluate()
+    present = [r for r in results if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
+    assert len(results) >= 12 and len(present) >= 2 and not [r.name for r in results if r.refused]
+    assert not [r.name for r in results if r.expect == "healthy" and r.critical]
+    assert not [r.name for r in results if r.expect == "failure" and not r.agrees]
+    assert sum(bool(r.agrees) for r in results) >= (6 if len(present) == len(results) else 1)

@@ -94,4 +94,4 @@ def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     # The comparison covers the PromQL rows, not just the quiet ones.
     promql_rows = {r.id for r in TABLE} - set(TRAINER_SIDE)
     assert expected_any == promql_rows, promql_rows - expected_any  # every PromQL row fires somewhere in the zoo
-    assert len(promql_rows) == 15
+    assert len(promql_rows) == 16

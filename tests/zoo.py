@@ -44,6 +44,15 @@ def _healthy(rng: np.random.Generator, p: np.ndarray | None = None) -> dict[str,
     }
 
 
+def _with_optimizer(s: dict, rng) -> dict:
+    """The optimizer's columns of a healthy run: a log-normal gradient norm and the ratio clip active
+    on ~0.2 % of tokens at either bound (drawn last, so the other scenarios' noise is unchanged)."""
+    tokens = P * G * 40
+    s.update(grad_norm=0.5 * np.exp(0.3 * rng.standard_normal(N)),
+             clip_low=rng.binomial(tokens, 0.002, N) / tokens, clip_high=rng.binomial(tokens, 0.002, N) / tokens)
+    return s
+
+
 def _ramp(a: float, b: float) -> np.ndarray:
     """a before ONSET, then linearly to b at the end."""
     x = np.full(N, a)
@@ -77,6 +86,11 @@ def _decline(a: float, b: float, delay: int) -> np.ndarray:
 
 def healthy(rng):
     return _healthy(rng)
+
+
+def healthy_optimizer(rng):
+    """Healthy, with the optimizer's columns (gradient norm, clip ratio at each bound) logged."""
+    return _with_optimizer(_healthy(rng), rng)
 
 
 def adv_mean_drift(rng):
@@ -247,9 +261,88 @@ def format_hacking(rng):
     return s
 
 
+def no_progress(rng):
+    """The reward never moves (a reward function that rarely pays), while the KL grows as in a healthy run."""
+    return _with_p(rng, np.full(N, 0.05))
+
+
+def zero_gradient(rng):
+    """From the onset the gradient norm is exactly 0: the adapter was detached, nothing trains."""
+    s = _with_optimizer(_healthy(rng), rng)
+    s["grad_norm"][ONSET:] = 0.0
+    return s
+
+
+def kl_offset(rng):
+    """An SFT start measured against its base model: KL ~ 1.2 from step 1, not growing; the run learns."""
+    s = _healthy(rng)
+    s["kl"] = 1.2 + 0.05 * rng.standard_normal(N)
+    return s
+
+
+def grad_norm_spike(rng):
+    s = _with_optimizer(_healthy(rng), rng)
+    s["grad_norm"][ONSET] = 40.0
+    return s
+
+
+def clip_imbalance(rng):
+    """From the onset the upper clip binds on ~3 % of tokens, the lower one stays at ~0.2 %."""
+    s = _with_optimizer(_healthy(rng), rng)
+    s["clip_high"] = rng.binomial(P * G * 40, np.clip(_ramp(0.002, 0.03), 0, 1)) / (P * G * 40)
+    return s
+
+
+def length_capped(rng):
+    """Completions run to the cap from the onset: within 30 steps nearly all are cut, and the accuracy goes."""
+    s = _with_p(rng, _decline(0.6, 0.1, 20))
+    s["truncation_rate"] = rng.binomial(P * G, _drop(0.0, 0.97)) / (P * G)
+    s["response_len"] = _drop(3.5, MAX_NEW - 1) + 0.1 * rng.standard_normal(N)
+    return s
+
+
+# Healthy families held out from every threshold choice: the false-page rate is reported on them
+# (benchmarks/bench_lead_time.py, docs/lead-time.md), never tuned on them.
+
+
+def healthy_t3_loss(rng):
+    """Healthy, with a heavy-tailed loss: Student t, 3 degrees of freedom (a GRPO loss is a mean of
+    advantage-weighted ratios; its outliers are far from Gaussian)."""
+    s = _healthy(rng)
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_t(3, N)
+    return s
+
+
+def healthy_growing_loss(rng):
+    """Healthy, with a loss scale that grows fivefold over the run (longer completions, a rising LR
+    warm-up): the early range is not the late range."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * np.linspace(1, 5, N)
+    return s
+
+
+def healthy_plateau_rise(rng):
+    """Healthy: the reward flat for its first 100 steps (the policy finding the format), then rising."""
+    t = np.arange(N, dtype=float)
+    p = np.where(t < 100, 0.2, 0.2 + 0.4 * (1 - np.exp(-(t - 100) / 80)))
+    return _with_p(rng, p)
+
+
+def healthy_noisy_eval(rng):
+    """Healthy, evaluated on 50 problems instead of 200: four times the variance per evaluation."""
+    s = _healthy(rng)
+    s["sample_acc"][EVERY - 1 :: EVERY] = rng.binomial(50, s["_acc_true"][EVERY - 1 :: EVERY]) / 50
+    s["_eval_n"] = np.array([50.0])
+    return s
+
+
+HELD_OUT_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
+
+
 # generator -> (conditions that must fire, conditions that must not)
 ZOO = {
     healthy: (set(), {"critical"}),
+    healthy_optimizer: (set(), {"critical"}),
     adv_mean_drift: ({"adv_mean_drift"}, set()),
     nonfinite: ({"nonfinite"}, set()),
     reward_saturated: ({"reward_saturated"}, {"critical"}),
@@ -273,9 +366,15 @@ ZOO = {
     entropy_drift: ({"entropy_drift"}, set()),
     length_drift: ({"length_drift"}, set()),
     format_hacking: ({"correctness_drop", "reward_hacking"}, set()),
+    no_progress: ({"no_progress"}, {"critical"}),
+    zero_gradient: ({"zero_gradient"}, set()),
+    kl_offset: ({"kl_offset"}, {"critical"}),
+    grad_norm_spike: ({"grad_norm_spike"}, {"critical"}),
+    clip_imbalance: ({"clip_imbalance"}, {"critical"}),
+    length_capped: ({"length_capped"}, set()),
 }
-HEALTHY = (healthy, healthy_format)
-FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose)  # no onset: there all along
+HEALTHY = (healthy, healthy_format, healthy_optimizer)
+FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose, no_progress, kl_offset)  # no onset: there all along
 
 
 def truth(gen, seed: int = 0) -> tuple[int | None, int | None]:
@@ -292,9 +391,10 @@ def truth(gen, seed: int = 0) -> tuple[int | None, int | None]:
 def make(gen, seed: int) -> RunLog:
     s = gen(np.random.default_rng(seed))
     g = int(s.pop("_group_size", [G])[0])
+    eval_n = int(s.pop("_eval_n", [EVAL_N])[0])
     series = {k: np.asarray(v, dtype=float) for k, v in s.items() if k == "_nonfinite" or not k.startswith("_")}
     aux = [k for k in series if k.startswith("reward_") and k != "reward_correct"]
     if aux:
         series["reward_aux"] = np.sum([series[k] for k in aux], axis=0)
     return RunLog(series, f"zoo:{gen.__name__}", "sentinel", group_size=g, max_new_tokens=MAX_NEW,
-                  max_reward=1.0 + len(aux), ln_vocab=float(np.log(15)), eval_n=EVAL_N, completions_per_step=P * G)
+                  max_reward=1.0 + len(aux), ln_vocab=float(np.log(15)), eval_n=eval_n, completions_per_step=P * G)

@@ -77,17 +77,26 @@ class Thresholds:
     all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
     kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
     kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
+    kl_growth: float = 2.0  # kl_runaway needs the KL this multiple of the run's own early KL: a KL that starts high
+    # (an SFT start measured against the base model) and stays there is kl_offset
+    no_progress_windows: int = 5  # windows of history before "the reward never rose" is judged
+    no_progress_z: float = 3.0  # the rise that counts, in standard errors of a difference of two window means
+    grad_spike: float = 10.0  # gradient norm this multiple of the median of the previous `loss_window` steps
+    clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
+    clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
+    truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
 # outside it makes a rule that never or always fires.
 _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
              "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
-             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share")
+             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
+             "clip_imbalance_min", "truncation_capped")
 _ABOVE_ONE = ("loss_rolling_factor", "loss_baseline_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
-              "loss_blowup_factor", "kl_accel", "loss_blowup_arl")
+              "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
-           "correctness_lookback": 1}
+           "correctness_lookback": 1, "no_progress_windows": 2}
 
 
 def threshold_error(name: str, value: float) -> str | None:
@@ -263,6 +272,17 @@ class _Ctx:
                                                   row.cause, row.action))
 
 
+def unjudgeable(log: RunLog, th: Thresholds) -> str | None:
+    """Why the log says nothing either way, or None: without a reward (or the verifier's acceptance)
+    no row that reads learning can hold, and with fewer rows than two windows no windowed row can;
+    "no condition found" would then claim a health the log cannot show."""
+    if not (log.has("reward") or log.has("train_acc")):
+        return "no reward was read (see the ingest notes for the columns ignored)"
+    if len(log) < 2 * th.window:
+        return f"{len(log)} rows, fewer than two {th.window}-step windows"
+    return None
+
+
 def diagnose(log: RunLog, th: Thresholds = Thresholds(), start: int = 0, state: dict | None = None,
              offset: int = 0) -> Diagnosis:
     """The health table over `log`. Offline: the defaults. Online (the monitor): the run's last rows,
@@ -310,7 +330,7 @@ def _correctness(c: _Ctx) -> tuple[str, float] | None:
     a correctness reward component; the combined reward only when it is the correctness (its maximum known)."""
     if c.has("train_acc"):
         return "train_acc", 1.0
-    if c.has("reward") and c.log.reward_scale_known and not c.has("reward_aux"):
+    if c.has("reward") and c.log.reward_scale_known and c.log.reward_is_correctness and not c.has("reward_aux"):
         return "reward", c.log.max_reward
     return None
 
@@ -549,16 +569,26 @@ def _reward_rising(c: _Ctx) -> np.ndarray:
 
 
 def kl(c: _Ctx) -> None:
+    c.need("kl_offset", "kl")
     for cid, other in (("kl_runaway", "reward"), ("kl_dominant", "frac_zero_std"), ("plateau_kl_flat", "reward")):
         c.need(cid, "kl", other)  # each row records what it lacks
     if not c.need("kl_acceleration", "kl"):
         return
     k_ma, k_slope = c.ma("kl"), c.slope("kl")
     full = c.full(2 * c.w)
+    # The run's own early KL: a run that starts from an SFT model, measured against the base model it
+    # was tuned from, has KL ~ 1 from its first step; over its bound but not a runaway (issue 22).
+    k0 = c.early("kl_early", c.E, lambda rows: float(np.nanmedian(np.abs(c.s["kl"][rows]))))
+    grown = k_ma > c.th.kl_growth * k0 if k0 is not None else np.zeros(c.n, dtype=bool)
+    over = full & (k_ma > c.th.kl_bound)
+    c.fire("kl_offset", over & ~grown & (k0 is not None),
+           lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token, over its bound {c.th.kl_bound:g} but not "
+                        f"{c.th.kl_growth:g}x its early level {k0:.3g}: an offset from the reference, not growing", gap=c.w)
     if c.has("reward"):
         r_slope = c.slope("reward")
-        c.fire("kl_runaway", full & (k_ma > c.th.kl_bound) & (r_slope < 0),
-               lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token (bound {c.th.kl_bound:g}) while reward falls", gap=c.w)
+        c.fire("kl_runaway", over & grown & (r_slope < 0),
+               lambda i, j: f"KL {np.nanmax(k_ma[i:j + 1]):.3g} per token (bound {c.th.kl_bound:g}; {c.th.kl_growth:g}x its "
+                            f"early {k0:.3g} and more) while reward falls", gap=c.w)
         early = c.row < 5 * c.w  # "early in the run": its first five windows
         k_abs = np.abs(k_ma) if c.log.kl_signed else k_ma
         c.fire("plateau_kl_flat", full & early & (k_abs < c.th.kl_flat) & _reward_flat(c),
@@ -793,9 +823,110 @@ def plateaus(c: _Ctx) -> None:
                             "while reward is flat", gap=c.w)
 
 
+def no_progress(c: _Ctx) -> None:
+    """The reward never rose beyond its noise above its early level, whatever the KL (a run can learn
+    nothing with a KL that moves). Early level: the mean of the first window; noise: its early
+    step-to-step sd; the best w-mean since must stand `no_progress_z` (3) standard errors of a
+    difference of two w-means above it. Judged once the run has `no_progress_windows` (5) windows. A
+    reward at its maximum from the start is reward_saturated, not this."""
+    if not c.need("no_progress", "reward"):
+        return
+    r, w = c.s["reward"], c.w
+
+    def stats(rows):
+        head = r[rows]
+        return float(np.nanmean(head[:w])), max(diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0, 1e-9)
+
+    early = c.early("reward_early", c.E, stats)
+    if early is None:
+        return
+    r0, noise = early
+    ma = c.ma("reward")
+    best = np.full(c.n, np.nan)
+    if c.start < c.n:  # the running best w-mean, carried as one number
+        seg = np.where((c.row >= w - 1) & np.isfinite(ma), ma, -np.inf)[c.start:]
+        best[c.start:] = np.maximum.accumulate(np.concatenate([[c.state.get("reward_best", -np.inf)], seg]))[1:]
+        c.state["reward_best"] = float(best[-1])
+    margin = c.th.no_progress_z * math.sqrt(2) * noise / math.sqrt(w)
+    flat = (c.row >= c.th.no_progress_windows * w - 1) & (best - r0 < margin) & (r0 < c.th.saturated * c.log.max_reward)
+    c.fire("no_progress", flat & (w >= MIN_STEPS),
+           lambda i, j: f"reward (moving mean) at best {best[j]:.3g} vs {r0:.3g} in its first window: never "
+                        f"{c.th.no_progress_z:g} standard errors ({margin:.3g}) above it in {int(c.row[j]) + 1} steps", gap=c.w)
+
+
+def zero_gradient(c: _Ctx) -> None:
+    """A gradient norm of exactly 0 on every step of a window while groups still carry reward spread:
+    nothing is being trained (parameters frozen or detached). When every group is all-same the zero
+    gradient is the reward's doing: that is signal_vanished, at its extreme, not this row."""
+    if not c.need("zero_gradient", "grad_norm"):
+        return
+    run = lambda x: moving_average(x.astype(float), c.w) >= 1 - 1e-9  # every row of the trailing window
+    g = c.s["grad_norm"]
+    explained = run(c.s["frac_zero_std"] >= 1) if c.has("frac_zero_std") else np.zeros(c.n, dtype=bool)
+    c.fire("zero_gradient", c.full(c.w) & run(np.isfinite(g) & (g == 0)) & ~explained,
+           lambda i, j: f"gradient norm exactly 0 on every step of {c.w}-step windows while groups carry reward spread: "
+                        "nothing is being trained", gap=c.w)
+
+
+def grad_norm_spike(c: _Ctx) -> None:
+    """The gradient norm above `grad_spike` (10) times the median of the previous `loss_window` (50)
+    steps: the update that precedes a loss spike or a divergence (the median, not the mean: the
+    norm is heavy-tailed, and one spike must not raise the bar for the next)."""
+    if not c.need("grad_norm_spike", "grad_norm"):
+        return
+    g, lw = np.abs(c.s["grad_norm"]), c.th.loss_window
+    med = np.full(c.n, np.nan)
+    judged = np.flatnonzero((np.arange(c.n) >= max(c.start, lw)))
+    if judged.size:
+        windows = np.lib.stride_tricks.sliding_window_view(g, lw)  # [k] = rows k .. k+lw-1
+        med[judged] = np.nanmedian(windows[judged - lw], axis=1)
+    hit = (c.row >= lw) & (med > 0) & (g > c.th.grad_spike * med)
+    c.fire("grad_norm_spike", hit,
+           lambda i, j: f"gradient norm up to {np.nanmax(g[i:j + 1]):.3g}, over {c.th.grad_spike:g}x the median "
+                        f"{np.nanmin(med[i:j + 1]):.3g} of the {lw} steps before", gap=c.w)
+
+
+def clip_imbalance(c: _Ctx) -> None:
+    """One side of the ratio clip binding far more than the other (TRL's clip_ratio/low_mean and
+    high_mean): the upper clip binding keeps unlikely tokens with positive advantages from growing,
+    the lever of entropy collapse that DAPO's clip-higher loosens; the lower one binding, updates that
+    push likely tokens down hard."""
+    if not c.need("clip_imbalance", "clip_low", "clip_high"):
+        return
+    lo, hi = c.ma("clip_low"), c.ma("clip_high")
+    big, small = np.fmax(lo, hi), np.fmin(lo, hi)
+    hit = c.full(c.w) & (big >= c.th.clip_imbalance_min) & (big >= c.th.clip_imbalance * np.maximum(small, 1e-6))
+    c.fire("clip_imbalance", hit,
+           lambda i, j: f"ratio clip active on {100 * np.nanmax(hi[i:j + 1]):.2g} % of tokens at the upper bound vs "
+                        f"{100 * np.nanmax(lo[i:j + 1]):.2g} % at the lower ({c.w}-step means)", gap=c.w)
+
+
+def length_capped(c: _Ctx) -> None:
+    """Almost every completion cut at the cap (the truncation rate's window mean at
+    `truncation_capped`, 0.9, from below `truncation` early in the run) while the reward is not rising: a cut answer is not graded, so groups
+    lose their reward spread and the gradient heads to 0; critical, where length_pathology (half of
+    them cut) is a warning."""
+    if c.has("truncation_rate"):
+        t = c.ma("truncation_rate")
+        what = lambda i, j: f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions cut at max_new_tokens ({c.w}-step mean)"
+    elif c.log.max_new_tokens and c.has("response_len"):
+        t = c.ma("response_len") / c.log.max_new_tokens
+        what = lambda i, j: f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
+    else:
+        c.diag.not_assessable["length_capped"] = "the log has no truncation rate and max_new_tokens is unknown"
+        return
+    # Heading to 1: the rate came from below length_pathology's level early in the run (a run capped from
+    # its first step is a setting, length_pathology's warning). And a run that still learns while capped
+    # is grading its cut answers (a JSON that fits, a short final line): the row's premise fails there.
+    t0 = c.early("capped_early", c.E, lambda rows: float(np.nanmean(t[rows])))
+    if t0 is None or t0 >= c.th.truncation:
+        return
+    c.fire("length_capped", c.full(c.w) & (t >= c.th.truncation_capped) & ~_reward_rising(c), what, gap=c.w)
+
+
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
-             all_wrong_rising, plateaus]
+             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,18 +937,28 @@ DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_
 class Lead:
     """First warning, first critical, the damage step and the lead (damage - first critical, in steps;
     positive = paged before the damage). Damage, as a user sees it: the first evaluation point where
-    held-out accuracy sits `DAMAGE` (10 %, relative) below its running peak; in a log without
-    evaluations, the first step where the reward's 2w moving mean does."""
+    held-out accuracy sits `DAMAGE` (10 %, relative) below its running peak *and* `DAMAGE_SE` (2)
+    standard errors of a difference of two evaluations below it; in a log without evaluations, a
+    proxy: the first step where the reward's 2w moving mean does (its standard error from the
+    reward's own step-to-step noise). The damage is only known to lie between the evaluation before
+    it and its own (`resolution` steps): the lead is an interval, `lead_range`."""
     first_warning: int | None
     warning: str
     first_critical: int | None
     critical: str
     damage_step: int | None
     damage: str  # what the damage was, in words
+    resolution: int = 1  # steps between the damage step and the observation before it (the evaluation interval)
+    proxy: bool = False  # the damage is read from the training reward, not from a held-out evaluation
 
     @property
     def lead(self) -> int | None:
         return None if self.damage_step is None or self.first_critical is None else self.damage_step - self.first_critical
+
+    @property
+    def lead_range(self) -> tuple[int, int] | None:
+        """(least, most) steps the page came before the damage: the damage lies in (its step - resolution, its step]."""
+        return None if self.lead is None else (self.lead - self.resolution + 1, self.lead)
 
     @property
     def warning_lead(self) -> int | None:
@@ -826,13 +967,16 @@ class Lead:
     def as_dict(self) -> dict:
         return {"first_warning": self.first_warning, "warning": self.warning, "first_critical": self.first_critical,
                 "critical": self.critical, "damage_step": self.damage_step, "damage": self.damage, "lead": self.lead,
-                "warning_lead": self.warning_lead}
+                "lead_range": list(self.lead_range) if self.lead_range else None, "resolution": self.resolution,
+                "proxy": self.proxy, "warning_lead": self.warning_lead}
 
 
 DAMAGE = 0.10
+DAMAGE_SE = 2.0  # a damage stands out of its own noise by this many standard errors of a difference
 
 
-def damage_step(log: RunLog, th: Thresholds = Thresholds()) -> tuple[int | None, str]:
+def damage_step(log: RunLog, th: Thresholds = Thresholds()) -> tuple[int | None, str, int, bool]:
+    """(damage step or None, words, resolution in steps, proxy?)."""
     s = log.series
     if log.has("sample_acc"):
         ok = np.isfinite(s["sample_acc"])
@@ -840,24 +984,35 @@ def damage_step(log: RunLog, th: Thresholds = Thresholds()) -> tuple[int | None,
         if log.baseline_acc is not None and (not len(steps) or steps[0] > 0):
             steps, acc = np.concatenate([[0.0], steps]), np.concatenate([[log.baseline_acc], acc])
         peak = np.maximum.accumulate(acc)
-        hit = np.flatnonzero((peak > 0) & (acc < (1 - DAMAGE) * peak))
+        # The noise of a difference of two evaluations: binomial with n known, else the unknown-n floor.
+        se = (np.sqrt(2 * np.maximum(peak * (1 - peak), 1e-4) / log.eval_n) if log.eval_n else
+              np.full(len(acc), th.acc_unknown_n_floor / DAMAGE_SE))
+        hit = np.flatnonzero((peak > 0) & (acc < (1 - DAMAGE) * peak) & (peak - acc >= DAMAGE_SE * se))
+        gaps = np.diff(steps)
         if not len(hit):
-            return None, f"held-out accuracy never {100 * DAMAGE:.0f} % below its running peak"
+            return None, (f"held-out accuracy never {100 * DAMAGE:.0f} % and {DAMAGE_SE:g} standard errors below its "
+                          "running peak"), int(np.median(gaps)) if len(gaps) else 1, False
         k = hit[0]
-        return int(steps[k]), (f"held-out accuracy {100 * acc[k]:.1f} % at step {int(steps[k])}, {100 * DAMAGE:.0f} % below "
-                               f"its running peak {100 * peak[k]:.1f} %")
+        resolution = int(steps[k] - steps[k - 1]) if k > 0 else 1
+        return int(steps[k]), (f"held-out accuracy {100 * acc[k]:.1f} % at step {int(steps[k])}, {100 * DAMAGE:.0f} % and "
+                               f"{(peak[k] - acc[k]) / se[k]:.1f} standard errors below its running peak {100 * peak[k]:.1f} %"
+                               f" (n = {log.eval_n or 'unknown'})"), max(resolution, 1), False
     if log.has("reward"):
         w2 = 2 * th.window
         ma = moving_average(s["reward"], w2)
         ma[: w2 - 1] = np.nan
+        r = s["reward"][np.isfinite(s["reward"])]
+        se = math.sqrt(2) * diff_noise(r) / math.sqrt(w2) if len(r) >= 3 else math.inf
         peak = np.fmax.accumulate(np.where(np.isfinite(ma), ma, -np.inf))
-        hit = np.flatnonzero(np.isfinite(ma) & (peak > 0) & (ma < (1 - DAMAGE) * peak))
+        hit = np.flatnonzero(np.isfinite(ma) & (peak > 0) & (ma < (1 - DAMAGE) * peak) & (peak - ma >= DAMAGE_SE * se))
         if not len(hit):
-            return None, f"no evaluation; the reward's moving mean never {100 * DAMAGE:.0f} % below its running peak"
+            return None, (f"proxy (no evaluation): the reward's moving mean never {100 * DAMAGE:.0f} % and {DAMAGE_SE:g} "
+                          "standard errors below its running peak"), 1, True
         k = hit[0]
-        return int(s["step"][k]), (f"no evaluation: the reward's {w2}-step moving mean {ma[k]:.3f} at step "
-                                   f"{int(s['step'][k])}, {100 * DAMAGE:.0f} % below its running peak {peak[k]:.3f}")
-    return None, "no held-out accuracy and no reward"
+        return int(s["step"][k]), (f"proxy (no evaluation): the reward's {w2}-step moving mean {ma[k]:.3f} at step "
+                                   f"{int(s['step'][k])}, {100 * DAMAGE:.0f} % and {(peak[k] - ma[k]) / se:.1f} standard "
+                                   f"errors below its running peak {peak[k]:.3f}"), 1, True
+    return None, "no held-out accuracy and no reward", 1, False
 
 
 def lead_time(diag: Diagnosis, log: RunLog, th: Thresholds = Thresholds()) -> Lead:
@@ -868,5 +1023,5 @@ def lead_time(diag: Diagnosis, log: RunLog, th: Thresholds = Thresholds()) -> Le
         c = min(cs, key=lambda c: (c.first_step, c.id))
         return c.first_step, c.id
     (fw, w), (fc, cr) = first("warning"), first("critical")
-    step, words = damage_step(log, th)
-    return Lead(fw, w, fc, cr, step, words)
+    step, words, resolution, proxy = damage_step(log, th)
+    return Lead(fw, w, fc, cr, step, words, resolution, proxy)

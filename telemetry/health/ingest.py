@@ -19,6 +19,7 @@ so), accuracy may be a percentage. Nothing here crashes on those; it reports the
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import math
@@ -49,9 +50,12 @@ class RunLog:
     baseline_acc: float | None = None  # held-out accuracy before training (step 0), if known
     kl_signed: bool = False  # the KL column has negative values: a signed estimator (k1), not k3
     reward_scale_known: bool = True  # max_reward is the real maximum (config, or a 0/1 reward that never exceeds 1)
+    reward_is_correctness: bool = True  # no auxiliary or unclassified component is summed into the reward
     traces: dict[int, str] = field(default_factory=dict)  # step -> its first Langfuse trace (the explaining group)
     trace_project: str | None = None  # the run's traces.project_id, for links
     notes: list[str] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)  # the log's columns read ("key -> our name", or the name)
+    ignored: list[str] = field(default_factory=list)  # the log's columns not read, each with the reason
 
     def has(self, name: str) -> bool:
         return name in self.series and bool(np.isfinite(self.series[name]).any())
@@ -65,9 +69,9 @@ class RunLog:
 # PPO's old-vs-new policy KL (approx_kl, actor/ppo_kl) measures one update, not drift (IGNORED).
 ALIASES: dict[str, tuple[str, ...]] = {
     "step": ("step", "global_step", "train/global_step", "training/global_step", "trainer/global_step", "_step",
-             "iteration"),
+             "iteration", "system/step"),
     "reward": ("reward", "reward_avg", "reward_mean", "rewards/mean", "train/reward", "critic/score/mean",
-               "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean"),
+               "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
     "kl": ("kl", "kl_mean", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
            "critic/kl", "train/kl", "policy/kl", "kl_to_ref", "ref_kl"),
     "loss": ("loss", "train/loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss", "train/policy_loss",
@@ -77,10 +81,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "entropy_norm": ("entropy_norm",),
     "adv_mean": ("adv_mean", "adv_avg", "critic/advantages/mean", "advantages/mean"),
     "adv_std": ("adv_std", "advantages/std"),
-    "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std"),
+    "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std", "advantage/zero_rate"),
     "frac_zero_std_correct": ("frac_zero_std_correct",),
     "frac_zero_std_wrong": ("frac_zero_std_wrong",),
-    "train_acc": ("train_acc", "train_accuracy", "train/accuracy", "critic/acc/mean", "acc/mean"),
+    "train_acc": ("train_acc", "train_accuracy", "train/accuracy", "critic/acc/mean", "acc/mean", "accuracy"),
     "reward_std": ("reward_std", "rewards/std", "critic/score/std"),
     "response_len": ("response_len", "avg_response_len", "completions/mean_length", "response_length/mean",
                      "response_length", "completion_length", "mean_length", "generate_len"),
@@ -88,8 +92,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "response_len_correct": ("response_len_correct",),
     "response_len_wrong": ("response_len_wrong",),
     "truncation_rate": ("truncation_rate", "completions/clipped_ratio", "response_length/clip_ratio", "clipped_ratio",
-                        "truncated_ratio"),
+                        "truncated_ratio", "length/cap_hit_rate"),
     "clip_frac": ("clip_frac", "actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio", "pg_clipfrac"),
+    "clip_low": ("clip_low", "clip_ratio/low_mean"),  # TRL: share of tokens clipped at 1 - epsilon (negative advantages)
+    "clip_high": ("clip_high", "clip_ratio/high_mean"),  # ... at 1 + epsilon_high (positive advantages)
     "grad_norm": ("grad_norm", "actor/grad_norm", "train/grad_norm"),
     "lr": ("lr", "learning_rate", "actor/lr", "actor_lr", "train/learning_rate"),
     "step_time": ("step_time", "timing_s/step", "time/step"),
@@ -111,13 +117,24 @@ IGNORED = {
 }
 # An evaluation column we did not name: held-out accuracy under another name (the first one wins).
 _EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct)", re.I)
-# Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean), the book style (<fn>_reward[_avg|_mean]).
-_COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$",
+# Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean; up to TRL 0.16 and in every Unsloth GRPO
+# notebook rewards/<fn>), the book style (<fn>_reward[_avg|_mean]), reward/<fn>.
+_COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$", r"^rewards/(?P<fn>[^/]+)$",
                                       r"^(?P<fn>.+?)_reward(_avg|_mean)?$", r"^reward/(?P<fn>[^/]+)$")]
 # reward_std, reward_mean: the combined reward; eval_reward (TRL): the combined reward of an evaluation
 _NOT_COMPONENT = {"std", "avg", "mean", "max", "min", "sum", "total", "eval"}
 # A component that judges the answer: saturation and hacking are read on it.
 CORRECTNESS = re.compile(r"correct|accura|\bacc\b|_acc|acc_|verif|exact|math|answer|pass|solve|score", re.I)
+# A component that pays for form, not for the answer (the names of TRL's, Unsloth's, open-r1's and the
+# book's reward functions): summed into reward_aux. A name that is neither is "unclassified": it is read,
+# said, and summed nowhere (it may be the run's actual objective).
+AUXILIARY = re.compile(r"format|xml|tag|think|length|len_|_len|style|int_reward|\bint\b|strict|soft|cosine|repet|"
+                       r"penalt|overlong|json|syntax|count|lang", re.I)
+
+
+def component_kind(fn: str) -> str:
+    """correctness | auxiliary | unclassified: what a reward component's name says it pays for."""
+    return "correctness" if CORRECTNESS.search(fn) else "auxiliary" if AUXILIARY.search(fn) else "unclassified"
 
 
 def load(path: str | Path, fmt: str = "auto") -> RunLog:
@@ -130,9 +147,9 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
     if fmt == "auto":
         fmt = _sniff(path)
     reader = {"sentinel": _sentinel, "book": _book, "csv": _csv, "trl": _trl,
-              "jsonl": _jsonl, "verl": _jsonl, "openrlhf": _jsonl}.get(fmt)
+              "jsonl": _jsonl, "verl": _jsonl, "openrlhf": _jsonl, "stdout": _stdout}.get(fmt)
     if reader is None:
-        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf or jsonl")
+        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf, jsonl or stdout")
     try:
         log = reader(path)
     except OSError as e:
@@ -173,6 +190,8 @@ def _sniff(path: Path) -> str:
     stripped = head.lstrip()
     if path.suffix == ".json" or (stripped.startswith("{") and '"log_history"' in head):
         return "trl"
+    if any(_STDOUT_LINE.search(line) for line in head.splitlines()[:50]):
+        return "stdout"
     if path.suffix == ".jsonl" or stripped.startswith("{"):
         return "jsonl"
     try:
@@ -275,14 +294,14 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> Run
     bad = np.maximum(bad, [float(r.get("skipped") == "nonfinite") for r in kept])  # our record: the trainer skipped it
     series["_nonfinite"] = bad
     log = RunLog(series, str(path), fmt, notes=log_notes)
-    mapped = [f"{k} -> {name}" for name, k in chosen.items() if k != name]
     components: dict[str, str] = {}
     ignored: list[str] = []
     for k in keys:
         if k in used:
             continue
         low = lower[k]
-        fn = _component(low)
+        # ROLL (step column system/step) logs reward/* as rates and statistics of the one reward, not components.
+        fn = None if chosen["step"] == "system/step" and low.startswith("reward/") else _component(low)
         if fn is not None and fn not in components:
             components[fn] = k
             continue
@@ -290,6 +309,8 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> Run
             ignored.append(f"{k} (duplicate of {chosen[_BY_ALIAS[low]]} -> {_BY_ALIAS[low]})")
         elif low in IGNORED:
             ignored.append(f"{k} ({IGNORED[low]})")
+        elif chosen["step"] == "system/step" and low.startswith("reward/"):
+            ignored.append(f"{k} (ROLL: a rate or statistic of the reward, not a component to sum)")
         elif low in ("skipped", "health"):
             continue  # our own record's text columns: read as markers above
         elif not any(math.isfinite(_number(r.get(k))) for r in kept):
@@ -298,12 +319,11 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> Run
             ignored.append(f"{k} (no row reads it)")
     for fn, k in components.items():
         series[f"reward_{fn}"] = np.array([_number(r.get(k)) for r in kept])
-    log.notes.append("columns read: " + ", ".join(n if n == k else f"{k} -> {n}" for n, k in chosen.items()))
-    if mapped:
-        pass  # the renames are in the line above
+    log.read = [n if n == k else f"{k} -> {n}" for n, k in chosen.items()] + [f"{k} -> reward_{fn}" for fn, k in components.items()]
+    log.ignored = ignored
+    log.notes.append("columns read: " + ", ".join(log.read[:len(chosen)]))
     if components:
-        log.notes.append("reward components: " + ", ".join(f"{k} ({'correctness' if CORRECTNESS.search(fn) else 'auxiliary'})"
-                                                          for fn, k in components.items()))
+        log.notes.append("reward components: " + ", ".join(f"{k} ({component_kind(fn)})" for fn, k in components.items()))
     if ignored:
         log.notes.append("columns ignored: " + ", ".join(ignored))
     return log
@@ -575,6 +595,61 @@ def _jsonl(path: Path) -> RunLog:
     return log
 
 
+# A training's printed output, one step a line: TRL's printed log dicts ("{'loss': 0.0, 'reward': ...}",
+# numbers or, since TRL 0.20, numbers as strings), verl's console logger ("step:12 - actor/pg_loss:0.1 -
+# critic/score/mean:0.4") and "[Step 3/500] loss=0.1 reward_avg=0.25" (the book's scripts, and many
+# hand-written loops). Anything else on a line (progress bars, warnings) is skipped.
+_STDOUT_LINE = re.compile(r"\{'[^']+': |\bstep:\s*\d+\s+-\s+\S+:|\[step\s+\d+(/\d+)?\]", re.I)
+_VERL_PAIR = re.compile(r"(?:^|\s-\s)([A-Za-z_][\w/@().-]*):\s*([-+\w.]+)")
+_EQ_PAIR = re.compile(r"([A-Za-z_][\w/.-]*)=([-+\w.]+)")
+_STEP_TAG = re.compile(r"\[step\s+(\d+)(?:/\d+)?\]", re.I)
+_TRL_SUMMARY = {"train_runtime", "train_loss", "total_flos", "train_samples_per_second", "train_steps_per_second"}
+
+
+def _stdout_record(line: str) -> tuple[str, dict] | None:
+    """One printed line -> (which printer, its values), or None when the line is not a step's."""
+    if (i := line.find("{'")) >= 0 and (j := line.rfind("}")) > i:
+        try:
+            obj = ast.literal_eval(line[i:j + 1])
+        except (ValueError, SyntaxError, RecursionError, MemoryError):
+            return None
+        return ("trl", obj) if isinstance(obj, dict) else None
+    if m := re.search(r"\bstep:\s*(\d+)\s+-\s+", line):
+        return "verl", {"step": m.group(1), **dict(_VERL_PAIR.findall(line[m.end() - 3:]))}
+    if m := _STEP_TAG.search(line):
+        return "steps", {"step": m.group(1), **dict(_EQ_PAIR.findall(line[m.end():]))}
+    return None
+
+
+def _stdout(path: Path) -> RunLog:
+    """A console log. TRL prints no step number: its training dicts are numbered in order (each one a
+    logging interval), an evaluation dict joins the training dict before it, the summary is dropped."""
+    records, printers, skipped = [], set(), 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            rec = _stdout_record(line)
+            if rec is None:
+                skipped += bool(line.strip())
+                continue
+            printer, values = rec
+            if printer == "trl":
+                if _TRL_SUMMARY & set(values):
+                    continue
+                if records and all(str(k).startswith("eval_") or k in ("epoch", "step") for k in values):
+                    records[-1].update(values)
+                    continue
+                values = {"step": len(records) + 1, **values}
+            printers.add(printer)
+            records.append(values)
+    if not records:
+        raise IngestError(f"{path}: no step lines (expected TRL's printed log dicts, verl's 'step:N - key:value' lines "
+                          "or '[Step n/N] key=value' lines)")
+    log = _table(path, records, "stdout", "line")
+    log.notes.insert(0, f"console log ({', '.join(sorted(printers))} lines); {skipped} other lines skipped"
+                     + ("; TRL prints no step: rows are numbered in order, one a logging interval" if "trl" in printers else ""))
+    return log
+
+
 # ---------------------------------------------------------------------------------------------
 # Clean-up and derived series
 
@@ -620,21 +695,41 @@ def _derive(log: RunLog) -> None:
         log.kl_signed = True
         log.notes.append(f"kl has negative values (min {np.nanmin(s['kl']):.3g}): a signed estimator (k1), not k3; "
                          "window means are read as they are and 'KL ~ 0' is judged on their magnitude")
+    _not_measured(log)
     components = {k[len("reward_"):]: v for k, v in s.items()
                   if k.startswith("reward_") and k != "reward_aux" and k not in ALIASES}  # reward_std is not a component
-    correctness = {fn: v for fn, v in components.items() if CORRECTNESS.search(fn)}
-    aux = {fn: v for fn, v in components.items() if fn not in correctness}
+    if len(components) == 1:  # a sole component that is the reward (or the only reward the log has) is no part of a sum
+        fn, v = next(iter(components.items()))
+        if not log.has("reward") or np.allclose(v, s["reward"], atol=1e-6, equal_nan=True):
+            if not log.has("reward"):
+                s["reward"] = v.copy()
+            log.notes.append(f"derived: reward_{fn} is the sole reward component and the reward itself (neither "
+                             "auxiliary nor a part of a sum)")
+            components = {fn: v} if component_kind(fn) == "correctness" else {}
+    kinds = {fn: component_kind(fn) for fn in components}
+    correctness = {fn: v for fn, v in components.items() if kinds[fn] == "correctness"}
+    aux = {fn: v for fn, v in components.items() if kinds[fn] == "auxiliary"}
+    unclassified = [fn for fn in components if kinds[fn] == "unclassified"]
+    if unclassified:
+        log.reward_is_correctness = False
+        log.notes.append(f"unclassified reward components: {', '.join('reward_' + fn for fn in unclassified)} (the name says "
+                         "neither correctness nor form: read, summed nowhere; the combined reward is not judged as correctness)")
     if correctness and not log.has("train_acc"):
         fn, v = next(iter(correctness.items()))
-        finite = v[np.isfinite(v)]
-        if len(finite) and finite.min() >= 0 and finite.max() <= 1:
-            s["train_acc"] = v.copy()
-            log.notes.append(f"derived: train_acc from the correctness component reward_{fn} (saturation and hacking "
-                             "are judged on it)")
+        acc = _as_fraction(v)
+        if acc is not None:
+            s["train_acc"], payout = acc
+            log.notes.append(f"derived: train_acc from the correctness component reward_{fn}"
+                             + (f" divided by its payout {payout:g} (the smallest whole number at or above its largest step "
+                                "mean: reward functions pay whole amounts)" if payout != 1 else "")
+                             + " (saturation and hacking are judged on it)")
     if aux:
         s["reward_aux"] = np.sum([np.nan_to_num(v) for v in aux.values()], axis=0)
         s["reward_aux"][np.all([~np.isfinite(v) for v in aux.values()], axis=0)] = np.nan
+        log.reward_is_correctness = False
         log.notes.append(f"derived: reward_aux = {' + '.join('reward_' + fn for fn in aux)} (auxiliary components)")
+        if not correctness and not unclassified and not log.has("train_acc") and log.has("reward"):
+            _split_combined(log)
     if log.has("reward"):
         top = float(np.nanmax(s["reward"]))
         if top > log.max_reward + 1e-9:
@@ -650,6 +745,48 @@ def _derive(log: RunLog) -> None:
                                  "saturation is judged on a correctness component only")
     if log.max_new_tokens is None:
         _infer_cap(log)
+
+
+# Columns that some runs log as exactly 0 on every row because nothing was computed: KL with beta = 0,
+# entropy a trainer never computed, the GRPO loss with one update per batch (ratio 1 and advantages of
+# mean 0 make its value 0 whatever the gradient). A constant 0 there is no measurement.
+UNMEASURED_WHEN_ZERO = ("kl", "entropy", "entropy_norm", "loss", "clip_frac")
+
+
+def _not_measured(log: RunLog) -> None:
+    for name in UNMEASURED_WHEN_ZERO:
+        v = log.series.get(name)
+        if v is not None and np.isfinite(v).any() and not np.any(v[np.isfinite(v)] != 0):
+            del log.series[name]
+            log.notes.append(f"{name} is exactly 0 on every row: not measured (dropped; the rows that read it are not "
+                             "assessable)")
+
+
+def _as_fraction(v: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """A correctness component as a fraction in [0, 1], and the payout it was divided by: a function
+    that pays 2.0 per correct answer (Unsloth's notebooks) has step means in [0, 2]. None when it is
+    negative somewhere (a penalty, not an acceptance rate)."""
+    finite = v[np.isfinite(v)]
+    if not len(finite) or finite.min() < 0:
+        return None
+    payout = float(max(1, math.ceil(finite.max() - 1e-9)))
+    return v / payout, payout
+
+
+def _split_combined(log: RunLog) -> None:
+    """The book's combined reward, reward = correctness + weight x format: without a correctness
+    column, reward - reward_aux is the correctness (weight 1, the book's default) when it stays a
+    fraction on every row; otherwise the split is not made, and said."""
+    s = log.series
+    rest = s["reward"] - s["reward_aux"]
+    finite = rest[np.isfinite(rest)]
+    if len(finite) and finite.min() >= -1e-6 and finite.max() <= 1 + 1e-6:
+        s["train_acc"] = np.clip(rest, 0, 1)
+        log.notes.append("derived: train_acc = reward - reward_aux (the combined reward minus its auxiliary components; "
+                         "a fraction on every row, so the auxiliary weight is 1)")
+    else:
+        log.notes.append("the combined reward minus its auxiliary components is not a fraction on every row (weighted "
+                         "components?): correctness is not derived from it")
 
 
 def _infer_cap(log: RunLog) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds, lead_time
+from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds, lead_time, unjudgeable
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
@@ -65,7 +65,8 @@ def _num(x) -> float:
 def to_json(diag: Diagnosis, log: RunLog, th: Thresholds) -> dict:
     """JSON-safe: a value that is not a finite number (no data for it) is null, never NaN."""
     return _finite({"conditions": [c.as_dict() for c in diag.conditions], "lead": lead_time(diag, log, th).as_dict(),
-                    "summary": summary(log, th), "not_assessable": diag.not_assessable, "notes": log.notes})
+                    "summary": summary(log, th), "not_assessable": diag.not_assessable, "notes": log.notes,
+                    "could_not_judge": unjudgeable(log, th)})
 
 
 def _finite(x):
@@ -88,8 +89,14 @@ def lead_words(lead: Lead) -> str:
     text += f"damage at step {lead.damage_step} ({lead.damage})"
     if lead.lead is None:
         return text + ": never paged critical"
-    return text + (f": paged {lead.lead} steps before it" if lead.lead > 0 else
-                   ": paged at the damage step" if lead.lead == 0 else f": paged {-lead.lead} steps after it")
+    lo, hi = lead.lead_range
+    if lo == hi:
+        return text + (f": paged {hi} steps before it" if hi > 0 else
+                       ": paged at the damage step" if hi == 0 else f": paged {-hi} steps after it")
+    # Evaluations `resolution` steps apart: the damage happened somewhere in the interval before it was seen.
+    return text + (f": paged between {lo} and {hi} steps before it" if lo > 0 else
+                   f": paged between {-hi} and {-lo} steps after it" if hi < 0 else
+                   f": paged between {-lo} steps after and {hi} before it") + f" (evaluations {lead.resolution} steps apart)"
 
 
 def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
@@ -97,7 +104,8 @@ def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
     lines = [f"{log.source} ({log.format}, {sm['steps']} steps, {sm['first_step']}-{sm['last_step']})"]
     lines += [f"  note: {n}" for n in log.notes]
     if not diag.conditions:
-        lines.append("no condition found")
+        why = unjudgeable(log, th)
+        lines.append(f"could not judge: {why}" if why else "no condition found")
     for c in diag.conditions:
         lines.append(f"{c.severity.upper():8} {c.id} steps {c.first_step}-{c.last_step}: {c.evidence}")
         lines.append(f"         cause: {c.cause}; action: {c.action}")
@@ -145,14 +153,16 @@ def to_markdown(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
         out.append(f"- **held-out accuracy** (n = {a['n'] or 'unknown'}): {pts}.")
     out += ["", "## Verdicts", ""]
     if not diag.conditions:
-        out.append("No condition of the health table holds.")
+        why = unjudgeable(log, th)
+        out.append(f"Could not judge: {why}." if why else "No condition of the health table holds.")
     else:
         out += ["| severity | condition | steps | evidence | likely cause | suggested action |", "|---|---|---|---|---|---|"]
         out += [f"| {c.severity} | `{c.id}` | {c.first_step}-{c.last_step} | {c.evidence}{_generations(c.generations)} "
                 f"| {c.cause} | {c.action} |" for c in diag.conditions]
     out += ["", "## Lead time", "", lead_words(lead_time(diag, log, th)) + ".", "",
-            "Damage is the first evaluation point where held-out accuracy sits 10 % below its running peak (without "
-            "evaluations: the reward's moving mean); the lead is the damage step minus the first critical verdict's."]
+            "Damage is the first evaluation point where held-out accuracy sits 10 % and two standard errors below its "
+            "running peak (without evaluations, a proxy: the reward's moving mean); the lead is the damage step minus the "
+            "first critical verdict's, an interval as wide as the evaluation interval."]
     if diag.not_assessable:
         out += ["", "Not assessable from this log:", ""]
         out += [f"- `{k}` ({BY_ID[k].signals}): {v}" for k, v in diag.not_assessable.items()]

@@ -37,11 +37,23 @@ TRAINER_SIDE = {
                     "do not carry",
     "correctness_drop": "a CUSUM of training correctness against its running peak, over every step (as entropy_drift)",
     "all_wrong_rising": "a CUSUM of the all-wrong share against its early level, over every step (as entropy_drift)",
+    "no_progress": "it compares the reward's best window mean since the start with the run's first window, in units of "
+                   "the early noise: a state over the whole run that PromQL does not keep",
+    "zero_gradient": "it needs the gradient norm exactly 0 on every step of a window; a scrape sees one step in many, "
+                     "and a non-zero step between scrapes would pass unseen",
+    "kl_offset": "it compares the KL with the run's own early KL, which only the trainer has (its first steps)",
+    "grad_norm_spike": "a spike is one step (as loss_spike), against the median of the 50 steps before it",
+    "clip_imbalance": "the exported series carry one clip fraction (grpo_clip_fraction), not the upper and lower sides",
 }
 # Where a PromQL row deliberately reads its detector differently.
 DIFFERS = {
     "plateau_kl_flat": "PromQL pages whenever KL ~ 0 and the reward is flat; the trainer checks only the start of a "
                        "run (later, the same reading is the same problem, and a page is still right)",
+    "kl_runaway": "PromQL reads growth as the KL against its value five windows earlier; the trainer against the run's "
+                  "own early KL (its first steps), which a scrape window does not reach",
+    "length_capped": "PromQL pages on the truncation rate alone; the trainer also needs the rate to have come from below "
+                     "`truncation` early in the run and the reward not rising (a run capped from its first step, or "
+                     "learning while capped, is length_pathology's warning)",
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
 }
@@ -88,7 +100,8 @@ def parse_duration(text: str) -> int:
 RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", "kl_flat", "reward_drop", "loose_gap",
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
-                   "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min")
+                   "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min",
+                   "truncation_capped", "kl_growth")
 
 
 _DURATIONS = ("window", "pending", "stall")  # RuleParams fields in seconds, set as 300, 90s, 5m, 1h
@@ -179,6 +192,8 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:avg_w": avg("grpo_kl_mean", w),
         "grpo:kl_mean:avg_w_prev": avg("grpo_kl_mean", w, w),
         "grpo:kl_mean:avg_w_prev2": avg("grpo_kl_mean", w, w2),
+        # The KL five windows back: kl_runaway needs growth, not an offset the run started with.
+        "grpo:kl_mean:avg_w_prev5": avg("grpo_kl_mean", w, duration(5 * p.window)),
         "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='{outcome="any"}'),
         "grpo:train_accuracy:avg_w": avg("grpo_train_accuracy", w),
         "grpo:train_accuracy:avg_2w": avg("grpo_train_accuracy", w2),
@@ -273,10 +288,11 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
             "and the reward flat: group statistics are too noisy to learn from."),
         "kl_runaway": (
-            f"grpo:kl_mean:avg_w > {_num(t.kl_bound)}\nand grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev\nand {_aged(p, 2)}",
+            f"grpo:kl_mean:avg_w > {_num(t.kl_bound)}\nand grpo:kl_mean:avg_w > {_num(t.kl_growth)} * grpo:kl_mean:avg_w_prev5\n"
+            f"and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev\nand {_aged(p, 2)}",
             "KL {{ $value }} per token while reward falls",
-            f"Mean k3 KL over {w} is {{{{ $value }}}} (bound {_num(t.kl_bound)}) and the reward's {w} mean is below "
-            "the previous window's."),
+            f"Mean k3 KL over {w} is {{{{ $value }}}} (bound {_num(t.kl_bound)}), more than {_num(t.kl_growth)}x its "
+            f"value {duration(5 * p.window)} earlier, and the reward's {w} mean is below the previous window's."),
         "kl_dominant": (
             f"grpo:kl_mean:avg_w > {_num(t.kl_dominant_min)}\nand grpo:kl_mean:avg_w > 2 * grpo:kl_mean:avg_w_prev2\n"
             f"and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev\nand grpo:frac_zero_std:avg_w >= {_num(t.kl_dominant_zero)}\n"
@@ -328,6 +344,11 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "entropy rising to {{ $value }} nats while reward rises: healthy exploration",
             f"Mean entropy over {w} is {{{{ $value }}}} nats, above {_num(t.exploration_rise)}x its early baseline "
             "and rising, while the reward rises and groups still carry signal. Nothing to do."),
+        "length_capped": (
+            f"grpo:truncation_rate:avg_w >= {_num(t.truncation_capped)} and {_aged(p, 1)}",
+            "{{ $value | humanizePercentage }} of completions cut at max_new_tokens",
+            f"The truncation rate over {w} is {{{{ $value | humanizePercentage }}}} (threshold {_num(t.truncation_capped)}): "
+            "almost no completion ends, cut answers are not graded, and the gradient heads to 0."),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'

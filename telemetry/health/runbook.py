@@ -42,7 +42,7 @@ def markdown() -> str:
                 f"**Confirm on the dashboard**: {panels}: look for {r.signals}; then the *Health conditions* lane "
                 f"`{r.id}` for when it began.", "",
                 f"**Do**: {r.action}.", "",
-                f"**Do not** {r.dont}.", ""]
+                f"**Do not** {r.dont}.", ""] + ([f"**Source**: {r.source}.", ""] if r.source else [])
     names = {r["labels"]["condition"]: r["alert"] for r in rules.operational_rules(rules.RuleParams())}
     for anchor, severity, signals, cause, action in OPERATIONAL:
         out += [f"## {anchor}", "", f"**Alert** `{names[anchor]}`, {severity}.", "", f"**Means**: {signals}.", "",

@@ -15,6 +15,7 @@ class Row:
     cause: str
     action: str
     dont: str = ""  # the tempting wrong move (docs/runbook.md "Do not")
+    source: str = ""  # where the row's reading comes from (paper, framework docs, issue thread)
 
 
 TABLE: list[Row] = [
@@ -108,6 +109,48 @@ TABLE: list[Row] = [
         "the policy is getting worse at the task (groups with no right answer teach nothing)",
         "check the LR and the reward; lower the LR or use easier prompts",
         dont="read it as harder prompts without checking: the prompt mix does not change mid-run unless a curriculum does it"),
+]
+
+TABLE += [
+    Row("no_progress", "warning", "the reward's best window mean never rose beyond its noise above its first window, for several windows, whatever the KL",
+        "nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)",
+        "open a few generations and their rewards; check the reward function pays on a known-good answer; raise the LR or lower beta",
+        dont="read a moving KL as learning: the KL moves with any update, learning or not; and do not wait for "
+             "plateau_kl_flat, which needs KL ~ 0",
+        source="Raschka, Build a Reasoning Model (From Scratch), ch. 7.2: 'Average rewards should go up'; issue 22 "
+               "(a 400-step run that learned nothing, with KL > 1e-3)"),
+    Row("zero_gradient", "critical", "gradient norm exactly 0 on every step of a window while groups still carry reward spread "
+        "(every group all-same is signal_vanished at its extreme: the reward's doing)",
+        "parameters frozen or detached (LoRA not attached, requires_grad off, an optimizer built before the adapter)",
+        "halt; check which parameters require grad and that the optimizer holds them",
+        dont="read a loss of exactly 0 as this: with one update a batch GRPO's loss value is 0 (ratio 1, advantages of "
+             "mean 0) whatever the gradient; read grad_norm",
+        source="DAPO (Yu et al., 2025, arXiv:2503.14476) s. 3.2: groups whose rewards are all equal have zero advantage "
+               "and give no gradient; TRL GRPOTrainer docs (loss is 0 at the start)"),
+    Row("kl_offset", "warning", "KL above its bound from the start and not growing (below kl_growth x its own early level)",
+        "the reference is not the policy's starting point (an SFT model measured against its base model)",
+        "use the starting checkpoint as the reference, or set the bound from the run's early KL",
+        dont="raise beta or roll back: nothing is drifting; kl_runaway needs growth over the run's own early KL",
+        source="issue 22 of this project: every SFT-then-GRPO pipeline measured against the base model starts at KL ~ 1"),
+    Row("grad_norm_spike", "warning", "gradient norm far above the median of the steps before (10x)",
+        "an outlier batch or a numerically unstable update; the precursor of loss spikes",
+        "inspect the step's samples; keep max_grad_norm clipping on; lower the LR if they recur",
+        dont="lower the LR on one spike: clipping already bounds its update; act when they recur or the loss follows",
+        source="Molybog et al., 2023, 'A Theory on Adam Instability in Large-Scale Machine Learning' (arXiv:2304.09871): "
+               "gradient-norm spikes precede loss spikes"),
+    Row("clip_imbalance", "warning", "one side of the ratio clip active far more than the other (clip_ratio high vs low, 4x)",
+        "the upper clip binding: unlikely tokens with positive advantage cannot grow (entropy collapse follows); "
+        "the lower one: likely tokens pushed down hard",
+        "clip-higher (a larger upper epsilon, e.g. 0.28); check the LR and the number of updates per batch",
+        dont="tighten both clips: the asymmetry is the signal; DAPO loosens only the upper one",
+        source="DAPO (Yu et al., 2025, arXiv:2503.14476) s. 3.1 'Clip-Higher'; TRL GRPOTrainer docs (clip_ratio/low_mean, "
+               "clip_ratio/high_mean)"),
+    Row("length_capped", "critical", "almost every completion cut at max_new_tokens (truncation window mean >= 0.9, from below 0.5 early in the run) while the reward is not rising",
+        "runaway generation: cut answers are not graded, groups lose their spread and the gradient heads to 0",
+        "stop; restore `checkpoints/last-healthy/`; add an overlong penalty or mask truncated completions",
+        dont="raise max_new_tokens: the length follows the cap; and do not wait for the accuracy to fall",
+        source="DAPO (Yu et al., 2025, arXiv:2503.14476) s. 3.4 'Overlong Reward Shaping'; TRL GRPOConfig "
+               "mask_truncated_completions"),
 ]
 
 BY_ID = {r.id: r for r in TABLE}

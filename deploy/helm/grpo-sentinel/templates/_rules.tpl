@@ -60,6 +60,8 @@
 {{- $truncation := dig "truncation" 0.5 $s | float64 -}}
 {{- $wrong_longer := dig "wrong_longer" 1.5 $s | float64 -}}
 {{- $kl_accel_min := dig "kl_accel_min" 0.05 $s | float64 -}}
+{{- $truncation_capped := dig "truncation_capped" 0.9 $s | float64 -}}
+{{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 groups:
 - name: grpo-recording
   rules:
@@ -77,6 +79,8 @@ groups:
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
   - record: grpo:kl_mean:avg_w_prev2
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev5
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }}))
   - record: grpo:frac_zero_std:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))
   - record: grpo:train_accuracy:avg_w
@@ -264,6 +268,7 @@ groups:
   - alert: GRPOKLRunaway
     expr: |-
       grpo:kl_mean:avg_w > {{ printf "%.6g" (float64 $kl_bound) }}
+      and grpo:kl_mean:avg_w > {{ printf "%.6g" (float64 $kl_growth) }} * grpo:kl_mean:avg_w_prev5
       and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
@@ -272,7 +277,7 @@ groups:
       condition: kl_runaway
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} per token while reward falls'
-      description: Mean k3 KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} (bound {{ printf "%.6g" (float64 $kl_bound) }}) and the reward's {{ include "grpo-sentinel.rules.duration" $window }} mean is below the previous window's.
+      description: Mean k3 KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} (bound {{ printf "%.6g" (float64 $kl_bound) }}), more than {{ printf "%.6g" (float64 $kl_growth) }}x its value {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }} earlier, and the reward's {{ include "grpo-sentinel.rules.duration" $window }} mean is below the previous window's.
       cause: policy drifting off the reference (reins too loose, LR too high)
       action: raise beta, lower the LR, clip the update ratio
       runbook_url: '{{ $runbook }}#kl_runaway'
@@ -537,6 +542,101 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPONoProgress
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="no_progress"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="no_progress"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: no_progress
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: no_progress (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)'
+      action: open a few generations and their rewards; check the reward function pays on a known-good answer; raise the LR or lower beta
+      runbook_url: '{{ $runbook }}#no_progress'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOZeroGradient
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="zero_gradient"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="zero_gradient"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: zero_gradient
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: zero_gradient (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports zero_gradient (signals: gradient norm exactly 0 on every step of a window while groups still carry reward spread (every group all-same is signal_vanished at its extreme: the reward''s doing)). PromQL cannot express it: it needs the gradient norm exactly 0 on every step of a window; a scrape sees one step in many, and a non-zero step between scrapes would pass unseen. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: parameters frozen or detached (LoRA not attached, requires_grad off, an optimizer built before the adapter)
+      action: halt; check which parameters require grad and that the optimizer holds them
+      runbook_url: '{{ $runbook }}#zero_gradient'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOKLOffset
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="kl_offset"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="kl_offset"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: kl_offset
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: kl_offset (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports kl_offset (signals: KL above its bound from the start and not growing (below kl_growth x its own early level)). PromQL cannot express it: it compares the KL with the run''s own early KL, which only the trainer has (its first steps). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the reference is not the policy's starting point (an SFT model measured against its base model)
+      action: use the starting checkpoint as the reference, or set the bound from the run's early KL
+      runbook_url: '{{ $runbook }}#kl_offset'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOGradNormSpike
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="grad_norm_spike"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="grad_norm_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: grad_norm_spike
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: grad_norm_spike (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports grad_norm_spike (signals: gradient norm far above the median of the steps before (10x)). PromQL cannot express it: a spike is one step (as loss_spike), against the median of the 50 steps before it. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: an outlier batch or a numerically unstable update; the precursor of loss spikes
+      action: inspect the step's samples; keep max_grad_norm clipping on; lower the LR if they recur
+      runbook_url: '{{ $runbook }}#grad_norm_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOClipImbalance
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="clip_imbalance"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="clip_imbalance"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: clip_imbalance
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: clip_imbalance (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports clip_imbalance (signals: one side of the ratio clip active far more than the other (clip_ratio high vs low, 4x)). PromQL cannot express it: the exported series carry one clip fraction (grpo_clip_fraction), not the upper and lower sides. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the upper clip binding: unlikely tokens with positive advantage cannot grow (entropy collapse follows); the lower one: likely tokens pushed down hard'
+      action: clip-higher (a larger upper epsilon, e.g. 0.28); check the LR and the number of updates per batch
+      runbook_url: '{{ $runbook }}#clip_imbalance'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOLengthCapped
+    expr: grpo:truncation_rate:avg_w >= {{ printf "%.6g" (float64 $truncation_capped) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    labels:
+      severity: critical
+      condition: length_capped
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $value | humanizePercentage {{ "}}" }} of completions cut at max_new_tokens'
+      description: 'The truncation rate over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value | humanizePercentage {{ "}}" }} (threshold {{ printf "%.6g" (float64 $truncation_capped) }}): almost no completion ends, cut answers are not graded, and the gradient heads to 0.'
+      cause: 'runaway generation: cut answers are not graded, groups lose their spread and the gradient heads to 0'
+      action: stop; restore `checkpoints/last-healthy/`; add an overlong penalty or mask truncated completions
+      runbook_url: '{{ $runbook }}#length_capped'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
 - name: grpo-operational
   rules:
   - alert: GRPOTrainingStalled
@@ -650,6 +750,8 @@ groups:
 {{- $truncation := dig "truncation" 0.5 $s | float64 -}}
 {{- $wrong_longer := dig "wrong_longer" 1.5 $s | float64 -}}
 {{- $kl_accel_min := dig "kl_accel_min" 0.05 $s | float64 -}}
+{{- $truncation_capped := dig "truncation_capped" 0.9 $s | float64 -}}
+{{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 {{- $g := .Values.grafanaAlerts -}}
 apiVersion: 1
 groups:
@@ -1128,6 +1230,7 @@ groups:
       model:
         expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > {{ printf "%.6g" (float64 $kl_growth) }} * (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }})))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
         refId: A
@@ -1170,7 +1273,7 @@ groups:
     title: GRPOKLRunaway
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} per token while reward falls'
-      description: Mean k3 KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} (bound {{ printf "%.6g" (float64 $kl_bound) }}) and the reward's {{ include "grpo-sentinel.rules.duration" $window }} mean is below the previous window's.
+      description: Mean k3 KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} (bound {{ printf "%.6g" (float64 $kl_bound) }}), more than {{ printf "%.6g" (float64 $kl_growth) }}x its value {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }} earlier, and the reward's {{ include "grpo-sentinel.rules.duration" $window }} mean is below the previous window's.
       cause: policy drifting off the reference (reins too loose, LR too high)
       action: raise beta, lower the LR, clip the update ratio
       runbook_url: '{{ $runbook }}#kl_runaway'
@@ -1983,6 +2086,333 @@ groups:
       severity: warning
       condition: all_wrong_rising
     uid: '{{ $g.uidPrefix }}-all_wrong_rising'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="no_progress"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="no_progress"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPONoProgress
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: no_progress (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)'
+      action: open a few generations and their rewards; check the reward function pays on a known-good answer; raise the LR or lower beta
+      runbook_url: '{{ $runbook }}#no_progress'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: no_progress
+    uid: '{{ $g.uidPrefix }}-no_progress'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="zero_gradient"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="zero_gradient"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOZeroGradient
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: zero_gradient (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports zero_gradient (signals: gradient norm exactly 0 on every step of a window while groups still carry reward spread (every group all-same is signal_vanished at its extreme: the reward''s doing)). PromQL cannot express it: it needs the gradient norm exactly 0 on every step of a window; a scrape sees one step in many, and a non-zero step between scrapes would pass unseen. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: parameters frozen or detached (LoRA not attached, requires_grad off, an optimizer built before the adapter)
+      action: halt; check which parameters require grad and that the optimizer holds them
+      runbook_url: '{{ $runbook }}#zero_gradient'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: zero_gradient
+    uid: '{{ $g.uidPrefix }}-zero_gradient'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="kl_offset"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="kl_offset"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOKLOffset
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: kl_offset (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports kl_offset (signals: KL above its bound from the start and not growing (below kl_growth x its own early level)). PromQL cannot express it: it compares the KL with the run''s own early KL, which only the trainer has (its first steps). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the reference is not the policy's starting point (an SFT model measured against its base model)
+      action: use the starting checkpoint as the reference, or set the bound from the run's early KL
+      runbook_url: '{{ $runbook }}#kl_offset'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: kl_offset
+    uid: '{{ $g.uidPrefix }}-kl_offset'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="grad_norm_spike"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="grad_norm_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOGradNormSpike
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: grad_norm_spike (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports grad_norm_spike (signals: gradient norm far above the median of the steps before (10x)). PromQL cannot express it: a spike is one step (as loss_spike), against the median of the 50 steps before it. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: an outlier batch or a numerically unstable update; the precursor of loss spikes
+      action: inspect the step's samples; keep max_grad_norm clipping on; lower the LR if they recur
+      runbook_url: '{{ $runbook }}#grad_norm_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: grad_norm_spike
+    uid: '{{ $g.uidPrefix }}-grad_norm_spike'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="clip_imbalance"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="clip_imbalance"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOClipImbalance
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: clip_imbalance (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports clip_imbalance (signals: one side of the ratio clip active far more than the other (clip_ratio high vs low, 4x)). PromQL cannot express it: the exported series carry one clip fraction (grpo_clip_fraction), not the upper and lower sides. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the upper clip binding: unlikely tokens with positive advantage cannot grow (entropy collapse follows); the lower one: likely tokens pushed down hard'
+      action: clip-higher (a larger upper epsilon, e.g. 0.28); check the LR and the number of updates per batch
+      runbook_url: '{{ $runbook }}#clip_imbalance'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: clip_imbalance
+    uid: '{{ $g.uidPrefix }}-clip_imbalance'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: (avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $truncation_capped) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOLengthCapped
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of completions cut at max_new_tokens'
+      description: 'The truncation rate over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} (threshold {{ printf "%.6g" (float64 $truncation_capped) }}): almost no completion ends, cut answers are not graded, and the gradient heads to 0.'
+      cause: 'runaway generation: cut answers are not graded, groups lose their spread and the gradient heads to 0'
+      action: stop; restore `checkpoints/last-healthy/`; add an overlong penalty or mask truncated completions
+      runbook_url: '{{ $runbook }}#length_capped'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: length_capped
+    uid: '{{ $g.uidPrefix }}-length_capped'
 - orgId: {{ $g.orgId | int64 }}
   name: grpo-operational
   folder: {{ $g.folder | toJson }}
