@@ -115,8 +115,8 @@ def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model
         hf = net(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, Lp - 1 : Lp + T - 1]
     assert len(seen) == T and T > 1
     fast = torch.stack(seen, 1)  # [B, T, V]
-    torch.testing.assert_close(fast.softmax(-1), hf.float().softmax(-1), rtol=1e-4, atol=1e-5)
-    assert len({tuple(r.tolist()) for r in out}) > len(set(prompts))  # really sampled: a group's rows differ
+    # Log-probabilities: every token's, the unlikely ones too (in probabilities they would hide under atol).
+    torch.testing.assert_close(fast.log_softmax(-1), hf.float().log_softmax(-1), rtol=1e-4, atol=1e-4)
 
 
 def test_fast_step_declines_what_it_does_not_compute_as_hf_does(demo_dir, tokenizer):
