@@ -14,8 +14,8 @@ kernel rounds differently, the test's per-token probabilities along the fast pat
 hold it to HF's forward within float tolerance.
 
 `Decoder.of(net)` returns None for anything it does not recognise, and sampling then runs HF's forward:
-only the exact classes below, SiLU MLPs, full attention in every layer, SDPA, and every projection a plain
-nn.Linear (the adapter folded into it; a LoRA layer peft keeps for itself leaves the model to HF).
+only the exact classes below, SiLU MLPs, full attention in every layer, SDPA, a head without bias, and every
+projection a plain nn.Linear (the adapter folded into it; a LoRA layer peft keeps for itself leaves the model to HF).
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ class Decoder:
             block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj, block.self_attn.o_proj,
             block.mlp.gate_proj, block.mlp.up_proj, block.mlp.down_proj)]
         norms = [body.norm] + [n for block in body.layers for n in (block.input_layernorm, block.post_attention_layernorm)]
-        if any(type(m) is not torch.nn.Linear for m in linears) or len({n.variance_epsilon for n in norms}) != 1:
+        if any(type(m) is not torch.nn.Linear for m in linears) or net.lm_head.bias is not None:
+            return None
+        if len({n.variance_epsilon for n in norms}) != 1:
             return None
         attn, half = body.layers[0].self_attn, body.layers[0].self_attn.head_dim // 2
         sign = torch.cat([torch.full((half,), -1.0), torch.ones(attn.head_dim - half)]).to(net.lm_head.weight)

@@ -4,7 +4,9 @@ over such a batch that computes each group's shared prompt once.
 A decode loop of our own instead of `model.generate`, for three measured savings (docs/performance.md):
 the LoRA deltas are folded into the weights while sampling (one matmul per projection instead of
 three), each distinct prompt is prefilled once (a group's G completions share its prompt), and the
-loop does no per-token work beyond the forward pass, the draw and the stop check. The draw itself is
+loop does no per-token work beyond the forward pass, the draw and the stop check. For Llama-family
+models that forward pass is decoder.py's step (fused projections, a fraction of HF's ops per token),
+which computes the same logits (bit for bit on the CPUs we ran). The draw itself is
 generate()'s: the same logits processors (non-finite values removed, temperature, top-p; no top-k)
 and the same softmax + multinomial on the same random stream, so equal logits give equal tokens.
 """
