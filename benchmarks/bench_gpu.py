@@ -3,18 +3,30 @@
 The model is Qwen2.5-0.5B's shape built from config (random init, nothing downloaded) with a tokenizer
 covering its 151,936-token vocabulary; weights in bf16; G = 8 completions of each of 8 prompts, 256
 new tokens (a random model never emits EOS, so every completion is 256 tokens long), LoRA r = 8 on all
-projections, beta > 0, no gradient checkpointing for either. Each trainer runs in a fresh process;
-after warm-up steps, the median step time gives completions/s and completion tokens/s, and
-torch.cuda.max_memory_allocated the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
+projections, beta > 0, no gradient checkpointing for either. Three variants, each in a fresh process:
+ours, ours with HF's forward for every token (`ours_exact`: what the fused decode step saves), and TRL
+(skipped, and said, where TRL is not installed). After warm-up steps, the median step time gives
+completions/s and completion tokens/s, and torch.cuda.max_memory_allocated the peak. Built to finish
+within 8 minutes on one H100/H200-class GPU.
 
     pip install -e '.[bench]'
     python benchmarks/bench_gpu.py                 # needs CUDA
     python benchmarks/bench_gpu.py --smoke         # tiny shapes on the CPU: checks the script runs
+
+It runs on an image's own torch and transformers without installing the package (whose torch range
+would replace that torch): where `grpo_sentinel` is not importable, the workers import it from this
+source tree. On this project's GPU machine (torch 2.11, transformers 5.17, no network), carry the
+missing pure-Python packages as wheels (`benchmarks/gpu_wheels.sh` fetches them into .whl/) and run:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/bench_gpu.py | tee $OUT/bench_gpu.log
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -32,11 +44,16 @@ QWEN_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, 
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=512, tie_word_embeddings=True)
 G, PROMPTS = 8, 8
+VARIANTS = ["ours", "ours_exact", "trl"]
 
 
-def worker_ours(path: Path, max_new: int, steps: int, device: str) -> dict:
+def worker_ours(path: Path, max_new: int, steps: int, device: str, exact: bool = False) -> dict:
     import torch
 
+    from grpo_sentinel.service.grpo import rollout, step
+
+    if exact:  # every new token through HF's forward, as before the fused decode step
+        step.sample = functools.partial(rollout.sample, exact=True)
     run = common.ours(path, max_new, "model.dtype=bfloat16", f"model.device={device}", "grpo.micro_batch_size=64")
     times = []
     for _ in range(steps):
@@ -110,44 +127,56 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny model, 16 tokens, on the CPU: the script runs end to end")
     ap.add_argument("--steps", type=int, help="steps per trainer, the first two are warm-up (default 5, smoke 3)")
-    ap.add_argument("--worker", choices=["ours", "trl"])
+    ap.add_argument("--worker", choices=VARIANTS)
     ap.add_argument("--model", type=Path)
     ap.add_argument("--max-new", type=int)
     ap.add_argument("--device")
     args = ap.parse_args()
     if args.worker:
-        fn = worker_ours if args.worker == "ours" else worker_trl
-        print(json.dumps(fn(args.model, args.max_new, args.steps, args.device)))
+        fn = {"ours": worker_ours, "ours_exact": functools.partial(worker_ours, exact=True), "trl": worker_trl}
+        print(json.dumps(fn[args.worker](args.model, args.max_new, args.steps, args.device)))
         return
 
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
-        sys.exit("bench_gpu.py: no CUDA device here (torch.cuda.is_available() is False). On a GPU node install the "
-                 "CUDA build of torch 2.13.0 (README, GPU); here, `--smoke` runs tiny shapes on the CPU.")
+        sys.exit("bench_gpu.py: no CUDA device here (torch.cuda.is_available() is False). On a GPU node, run it on "
+                 "the node's CUDA build of torch (README, Install); here, `--smoke` runs tiny shapes on the CPU.")
     device, shape, max_new = ("cpu", SMOKE, 16) if args.smoke else ("cuda", QWEN_0_5B, 256)
     steps = args.steps or (3 if args.smoke else 5)
     print(common.machine())
+    import transformers
+
+    print(f"transformers {transformers.__version__}; TRL: "
+          f"{'installed' if importlib.util.find_spec('trl') else 'not installed, its line is skipped'}")
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
+        env = None  # the installed package, else this source tree
+        if importlib.util.find_spec("grpo_sentinel") is None:
+            env = common.source_env(Path(__file__).resolve().parents[1], Path(tmp) / "shim" / "grpo_sentinel")
+            sys.path.insert(0, str(Path(tmp) / "shim"))
+            print("grpo_sentinel: not installed, imported from this source tree")
         path = common.large_vocab_model(Path(tmp) / "qwen-0.5b-shape", dtype="bfloat16", **shape)
         print(f"model: Qwen2 {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, V=151936, bf16; "
               f"G={G} x {PROMPTS} prompts, {max_new} new tokens, r={common.RANK}, beta={common.BETA}; "
-              f"built in {time.perf_counter() - t_start:.0f} s")
+              f"built in {time.perf_counter() - t_start:.0f} s", flush=True)
         results = {}
-        for variant in ("ours", "trl"):
+        for variant in [v for v in VARIANTS if v != "trl" or importlib.util.find_spec("trl")]:
             out = subprocess.run([sys.executable, __file__, "--worker", variant, "--model", str(path), "--max-new",
-                                  str(max_new), "--steps", str(steps), "--device", device], capture_output=True, text=True)
-            if out.returncode != 0:
-                sys.exit(f"{variant} failed:\n{out.stderr[-3000:]}")
+                                  str(max_new), "--steps", str(steps), "--device", device], capture_output=True,
+                                 text=True, env=env)
+            if out.returncode != 0:  # one failed variant (TRL's imports on an image) does not lose the others
+                print(f"  {variant} failed:\n{out.stderr[-3000:]}", flush=True)
+                continue
             results[variant] = r = json.loads(out.stdout.strip().splitlines()[-1])
             sec = statistics.median(r["times"][2:] or r["times"])
             r["sec"] = sec
             peak = f"{r['peak'] / 2**30:.1f} GiB" if r["peak"] == r["peak"] else "n/a on CPU"
-            print(f"  {variant:<5} {sec:6.2f} s/step  {G * PROMPTS / sec:7.1f} completions/s  "
+            print(f"  {variant:<10} {sec:6.2f} s/step  {G * PROMPTS / sec:7.1f} completions/s  "
                   f"{r['tokens'] / sec:8.0f} completion tokens/s  peak {peak}", flush=True)
-        print(f"  ours / trl: {results['trl']['sec'] / results['ours']['sec']:.2f}x; "
-              f"total {time.perf_counter() - t_start:.0f} s")
+        for other in [v for v in results if v != "ours" and "ours" in results]:
+            print(f"  ours / {other}: {results[other]['sec'] / results['ours']['sec']:.2f}x")
+        print(f"  total {time.perf_counter() - t_start:.0f} s")
 
 
 if __name__ == "__main__":

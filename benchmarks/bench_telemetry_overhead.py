@@ -1,13 +1,20 @@
-"""What does telemetry cost a training step? The demo's full step (GRPO step, health monitor, run
-record, every sink) with telemetry off; with metrics (Prometheus reader + OTLP/HTTP push to a live
-receiver); with OTLP pointed at a dead endpoint; with Langfuse traces of one group every step to a
-live receiver; and with Langfuse dead (nothing listens).
+"""What does telemetry cost a training step, with its defaults? The demo's full trainer loop (GRPO step,
+held-out evaluation every `run.sample_every` steps, health monitor, run record) with telemetry off, and
+with the sinks `grpo-sentinel train` builds from the default config: the Prometheus reader, OTLP/HTTP
+pushes every 10 s to a live receiver, Langfuse traces of every 5th step's groups and of every held-out
+round to a live receiver; then the same with nothing listening at either endpoint; and metrics or traces alone.
 
-Variants run interleaved, each in a fresh process, `--repeats` times; the per-step wall time is the
-median after three warm-up steps. The receivers run in this (otherwise idle) parent process, like a
-collector and a Langfuse elsewhere on the network.
+The mean step time, not the median: periodic costs (an export, a held-out round's traces) land on a
+few steps, and a median hides them. The run's total wall time (open to close, the sinks' final flush
+included) is the other figure. Variants run interleaved, each in a fresh process, `--repeats` times;
+each figure is the median over the processes of that process's mean (or total). The receivers run in
+this (otherwise idle) parent process, like a collector and a Langfuse elsewhere on the network.
 
-    python benchmarks/bench_telemetry_overhead.py [--repeats 5] [--steps 40]
+    python benchmarks/bench_telemetry_overhead.py [--repeats 3] [--steps 60] [--threads N] [--clock cpu]
+
+On a machine others are using, `--threads 1 --clock cpu` moves far less: the process's CPU time, which
+counts the exporters' and Langfuse's worker threads too (the work telemetry adds), but not time spent
+waiting on a dead endpoint (the total's wall clock, printed beside it, does).
 """
 
 from __future__ import annotations
@@ -25,38 +32,42 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-VARIANTS = ["off", "metrics", "metrics_dead_otlp", "traces", "traces_dead"]
+# variant -> (metrics, traces): each as `grpo-sentinel train` sets it up from the default config
+VARIANTS = {"off": (False, False), "defaults": (True, True), "defaults_dead": (True, True),
+            "metrics": (True, False), "traces": (False, True)}
 
 
-def worker(variant: str, steps: int, port: int) -> list[float]:
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
+
+def worker(variant: str, steps: int, port: int, clock) -> dict:
+    from grpo_sentinel.service.cli import telemetry_sinks
     from grpo_sentinel.service.config import load_config
     from grpo_sentinel.service.runs import RunDir
     from grpo_sentinel.service.trainer import Trainer
-    from grpo_sentinel.telemetry.otel import OTelSink
     from grpo_sentinel.telemetry.traces import trace_sink
 
-    cfg = load_config(None, ["run.sample_every=100000", "run.checkpoint_every=100000", "health.stop_on=[]",
-                             "traces.train_every=1", "traces.flush_timeout_s=2"], **{"run.steps": steps})
-    sinks, traces = [], None
-    if variant.startswith("metrics"):
-        otlp = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{port}/v1/metrics", timeout=2)
-        sinks = [OTelSink(("127.0.0.1", 0), otlp, export_interval_s=1.0)]
-    if variant.startswith("traces"):
+    metrics, traces = VARIANTS[variant]
+    if metrics:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    if traces:
         os.environ.update(LANGFUSE_PUBLIC_KEY="pk-lf-bench", LANGFUSE_SECRET_KEY="sk-lf-bench",
                           LANGFUSE_BASE_URL=f"http://127.0.0.1:{port}")
-        traces = trace_sink(cfg.traces)
+    # Not telemetry: no checkpoints (disk time) and no early stop, so every run has `steps` steps.
+    cfg = load_config(None, ["run.checkpoint_every=100000", "health.stop_on=[]", "telemetry.prometheus_port=0",
+                             f"telemetry.prometheus={str(metrics).lower()}"], **{"run.steps": steps})
     with tempfile.TemporaryDirectory() as tmp:
-        t = Trainer(cfg, RunDir.new(Path(tmp), "bench", cfg), sinks=sinks, traces=traces)
+        t0, c0 = time.perf_counter(), clock()
+        t = Trainer(cfg, RunDir.new(Path(tmp), "bench", cfg), sinks=telemetry_sinks(cfg),
+                    traces=trace_sink(cfg.traces) if traces else None)
         t.open()
         times = []
-        for _ in range(steps - 1):
-            t0 = time.perf_counter()
+        for _ in range(steps):
+            t1 = clock()
             t.step()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t1)
         t.close("completed")
-    return times
+        return {"times": times, "total": clock() - c0, "wall": time.perf_counter() - t0}
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -83,35 +94,51 @@ def free_port() -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--worker", choices=VARIANTS)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--worker", choices=list(VARIANTS))
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="torch threads per worker (default: torch's, one per core)")
+    ap.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall time, or the process's CPU time")
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.port)))
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        print(json.dumps(worker(args.worker, args.steps, args.port, CLOCKS[args.clock])))
         return
     live = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=live.serve_forever, daemon=True).start()
     dead = free_port()
-    ports = {"off": 0, "metrics": live.server_port, "metrics_dead_otlp": dead, "traces": live.server_port,
-             "traces_dead": dead}
-    medians = {v: [] for v in VARIANTS}
+    variants = ["off", *[v for v in args.variants if v != "off"]]  # "off" is the baseline of every ratio
+    means, totals, walls = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    print(f"{os.cpu_count()} CPUs; workers: {args.threads or 'default'} thread(s); clock: {args.clock}; "
+          f"load average at start: {os.getloadavg()[0]:.2f}")
     for r in range(args.repeats):
-        for v in VARIANTS:
+        for v in variants:
+            port = dead if v.endswith("_dead") else live.server_port
             out = subprocess.run([sys.executable, __file__, "--worker", v, "--steps", str(args.steps),
-                                  "--port", str(ports[v])], capture_output=True, text=True)
+                                  "--port", str(port), "--clock", args.clock, *threads], capture_output=True, text=True)
             if out.returncode:
                 sys.exit(f"{v} failed:\n{out.stderr[-3000:]}")
-            times = json.loads(out.stdout.strip().splitlines()[-1])
-            medians[v].append(statistics.median(times[3:]))
-            print(f"  repeat {r + 1} {v}: {1000 * medians[v][-1]:.1f} ms/step", flush=True)
-    base = statistics.median(medians["off"])
-    print(f"{'variant':18} {'ms/step':>8} {'ratio to off':>13}  (median of {args.repeats} processes, "
-          f"{args.steps} steps each; {os.cpu_count()} CPUs)")
-    for v in VARIANTS:
-        m = statistics.median(medians[v])
-        print(f"{v:18} {1000 * m:8.1f} {m / base:13.3f}")
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            means[v].append(statistics.fmean(res["times"]))
+            totals[v].append(res["total"])
+            walls[v].append(res["wall"])
+            print(f"  repeat {r + 1} {v}: mean {1000 * means[v][-1]:.1f} ms/step, total {totals[v][-1]:.1f} s "
+                  f"({walls[v][-1]:.1f} s wall)", flush=True)
+    mean = {v: statistics.median(m) for v, m in means.items()}
+    total = {v: statistics.median(t) for v, t in totals.items()}
+    wall = {v: statistics.median(t) for v, t in walls.items()}
+    print(f"{'variant':15} {'mean ms/step':>12} {'ratio':>6} {'total s':>8} {'ratio':>6} {'wall s':>7}  (median over "
+          f"{args.repeats} processes of each one's mean over {args.steps} steps / its total, open to close; {args.clock})")
+    for v in variants:
+        print(f"{v:15} {1000 * mean[v]:12.1f} {mean[v] / mean['off']:6.3f} {total[v]:8.1f} {total[v] / total['off']:6.3f}"
+              f" {wall[v]:7.1f}")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     live.shutdown()
 
 

@@ -171,6 +171,12 @@ def code_at(rev: str, tmp: Path) -> dict[str, str]:
     archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "service", "telemetry"], capture_output=True,
                              check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    return source_env(src, shim)
+
+
+def source_env(src: Path, shim: Path) -> dict[str, str]:
+    """The environment in which `grpo_sentinel` imports from the source tree `src` without being installed
+    (a GPU image whose own torch the package's range would replace): `shim` links its service/ and telemetry/."""
     shim.mkdir(parents=True, exist_ok=True)
     for package in ("service", "telemetry"):
         link = shim / package

@@ -4,6 +4,10 @@ What is bit-identical and what is not:
 - Given the same weights, the loop computes the same logits as generate() and draws the same tokens
   from the same random stream: compared token for token against generate() run on the network the
   loop samples from (the adapter folded into the weights), sampled and greedy, two architectures.
+  That holds for the loop on HF's forward (`exact=True`) by construction, and on the CPUs we ran for
+  decoder.Decoder's step (fused projections), whose ops round as HF's do there. The step's contract is
+  the distribution: along its own trajectory, its per-token probabilities equal HF's forward over the
+  finished sequences to float tolerance, and it feeds the same draw.
   Sharing one prompt's prefill across its G completions changes the prefill's batch shape; on the
   CPUs we run, the per-row results of that matmul do not depend on it (the grouped cases check it).
 - Folding W + s*B@A rounds differently from peft's W x + s*B(A x): the folded logits equal the
@@ -19,7 +23,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from grpo_sentinel.service.demo import build_tokenizer
 from grpo_sentinel.service.grpo import lora
-from grpo_sentinel.service.grpo.rollout import completion_logits, position_ids, sample
+from grpo_sentinel.service.grpo.decoder import Decoder
+from grpo_sentinel.service.grpo.rollout import completion_logits, decode, position_ids, sample, sampling_draw
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3=", "61+19=", "8+80="]
@@ -76,10 +81,53 @@ def test_sampling_matches_generate_token_for_token(model, tokenizer, mode, layou
         torch.manual_seed(7)
         expected = generate(net, tokenizer, prompts, max_new, **MODES[mode])
     torch.manual_seed(7)
-    roll = sample(model, tokenizer, prompts, max_new_tokens=max_new, **MODES[mode])
+    roll = sample(model, tokenizer, prompts, max_new_tokens=max_new, exact=True, **MODES[mode])
     assert torch.equal(roll.completion_ids, expected)
+    torch.manual_seed(7)  # the fast step: the same tokens where its kernels round as HF's (every CPU we ran)
+    assert torch.equal(sample(model, tokenizer, prompts, max_new_tokens=max_new, **MODES[mode]).completion_ids, expected)
     if mode != "greedy" and layout != "distinct":
         assert len({tuple(r.tolist()) for r in roll.completion_ids}) > len(PROMPTS)  # really sampled: repeats differ
+
+
+@pytest.mark.parametrize("layout", ["padded", "same-length"])  # with a key mask / without (GQA: two SDPA paths)
+def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model, tokenizer, layout):
+    prompts = [p for p in (PROMPTS if layout == "padded" else ["12+34=", "61+19=", "99+10="]) for _ in range(4)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(dict.fromkeys(prompts)), return_tensors="pt", padding=True, add_special_tokens=False)
+    assert bool(enc["attention_mask"].all()) == (layout == "same-length")
+    row = torch.arange(len(enc["input_ids"])).repeat_interleave(4)
+    seen = []  # the logits each draw was given: [B, V] per token
+
+    def draw(logits):
+        seen.append(logits)
+        return sampling_draw(1.0, 1.0)(logits)
+
+    torch.manual_seed(5)
+    with torch.no_grad(), lora.folded(model) as net:
+        step = Decoder.of(net)
+        assert step is not None  # both architectures take the fast path
+        out = decode(net, enc["input_ids"], enc["attention_mask"], row, 12, draw=draw, eos=tokenizer.eos_token_id,
+                     pad=tokenizer.pad_token_id, step=step)
+        # HF's forward over the finished sequences, attending as decoding did (a finished row keeps attending).
+        mask = torch.cat([enc["attention_mask"][row], torch.ones_like(out)], 1)
+        ids = torch.cat([enc["input_ids"][row], out], 1)
+        Lp, T = enc["input_ids"].shape[1], out.shape[1]
+        hf = net(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, Lp - 1 : Lp + T - 1]
+    assert len(seen) == T and T > 1
+    fast = torch.stack(seen, 1)  # [B, T, V]
+    # Log-probabilities: every token's, the unlikely ones too (in probabilities they would hide under atol).
+    torch.testing.assert_close(fast.log_softmax(-1), hf.float().log_softmax(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_fast_step_declines_what_it_does_not_compute_as_hf_does(demo_dir, tokenizer):
+    dropout = with_adapter(AutoModelForCausalLM.from_pretrained(demo_dir), lora_dropout=0.1)  # peft keeps its layers
+    eager = with_adapter(AutoModelForCausalLM.from_pretrained(demo_dir, attn_implementation="eager"))
+    for model in (dropout, eager):
+        with lora.folded(model) as net:
+            assert Decoder.of(net) is None
+        assert sample(model, tokenizer, PROMPTS, max_new_tokens=4).completion_ids.shape[0] == len(PROMPTS)
+    with lora.folded(with_adapter(AutoModelForCausalLM.from_pretrained(demo_dir))) as net:
+        assert Decoder.of(net) is not None
 
 
 def test_folded_logits_equal_the_adapters_to_float_precision(model, tokenizer):

@@ -4,14 +4,18 @@ over such a batch that computes each group's shared prompt once.
 A decode loop of our own instead of `model.generate`, for three measured savings (docs/performance.md):
 the LoRA deltas are folded into the weights while sampling (one matmul per projection instead of
 three), each distinct prompt is prefilled once (a group's G completions share its prompt), and the
-loop does no per-token work beyond the forward pass, the draw and the stop check. The draw itself is
+loop does no per-token work beyond the forward pass, the draw and the stop check. For Llama-family
+models that forward pass is decoder.py's step (fused projections, a fraction of HF's ops per token),
+which computes the same logits (bit for bit on the CPUs we ran). The draw itself is
 generate()'s: the same logits processors (non-finite values removed, temperature, top-p; no top-k)
 and the same softmax + multinomial on the same random stream, so equal logits give equal tokens.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from transformers import DynamicCache
@@ -23,6 +27,7 @@ from transformers.generation.logits_process import (
 )
 
 from grpo_sentinel.service.grpo import lora
+from grpo_sentinel.service.grpo.decoder import Decoder
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,10 @@ class Rollout:
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-           top_p: float = 1.0, greedy: bool = False) -> Rollout:
-    """One completion per prompt (repeat a prompt G times for a group)."""
+           top_p: float = 1.0, greedy: bool = False, exact: bool = False) -> Rollout:
+    """One completion per prompt (repeat a prompt G times for a group). Decoding runs decoder.Decoder's
+    step where it recognises the model, HF's forward otherwise or with `exact` (the reference the tests
+    compare the step with)."""
     index = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # distinct prompts: tokenised and prefilled once
     row = torch.tensor([index[p] for p in prompts], device=model.device)  # [B] sequence -> its prompt
     tokenizer.padding_side = "left"  # generation appends on the right, so prompts align there
@@ -52,7 +59,8 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     with lora.folded(model) as net:
         completion = decode(net, enc["input_ids"], enc["attention_mask"], row, max_new_tokens,
                             draw=greedy_draw if greedy else sampling_draw(temperature, top_p),
-                            eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id)
+                            eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
+                            step=None if exact else Decoder.of(net))
     prompt_ids, prompt_mask = enc["input_ids"][row], enc["attention_mask"][row]  # [B, Lp]
     is_eos = completion == tokenizer.eos_token_id
     # Tokens up to and including the first EOS are the completion; everything after is padding.
@@ -89,17 +97,18 @@ def completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
     first.scatter_reduce_(0, row, torch.arange(len(row), device=row.device), reduce="amin")
     cache = DynamicCache(config=model.config)
     model(input_ids=ids[first, : Lp - 1], attention_mask=mask[first, : Lp - 1], position_ids=pos[first, : Lp - 1],
-          cache=cache, use_cache=True, logits_to_keep=1)
+          **_with_cache(model, cache), logits_to_keep=1)
     cache.reorder_cache(row)  # [P, ...] -> [b, ...], differentiable: gradients flow back to the shared prompt
     return model(input_ids=ids[:, Lp - 1 : L - 1], attention_mask=mask, position_ids=pos[:, Lp - 1 : L - 1],
-                 cache=cache, use_cache=True).logits
+                 **_with_cache(model, cache)).logits
 
 
 def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.Tensor, max_new_tokens: int, *,
-           draw, eos: int, pad: int) -> torch.Tensor:
+           draw, eos: int, pad: int, step: Decoder | None = None) -> torch.Tensor:
     """Autoregressive decoding with a KV cache. prompt_ids, prompt_mask [P, Lp] (left-padded, distinct
     prompts); row [B] maps each sequence to its prompt. Returns the completions [B, T], T <= max_new_tokens
-    (the loop stops once every sequence has emitted EOS), pad after each sequence's EOS.
+    (the loop stops once every sequence has emitted EOS), pad after each sequence's EOS. The prompts are
+    prefilled by the model's forward; each new token goes through `step` if given, else through it too.
 
     Positions and masks are generate()'s: a left-padded prompt's first real token has position 0, and a
     finished sequence keeps attending (its later tokens are padding nobody reads)."""
@@ -109,10 +118,12 @@ def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.
     cache = _cache(net.config, Lp + max_new_tokens)
     logits = net(input_ids=prompt_ids, attention_mask=prompt_mask,
                  position_ids=(prompt_mask.cumsum(1) - 1).masked_fill(prompt_mask == 0, 1),
-                 cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [P, V]
+                 **_with_cache(net, cache), logits_to_keep=1).logits[:, -1]  # [P, V]
     if B != len(prompt_ids):  # G sequences per prompt from here on
         cache.reorder_cache(row)
         logits = logits[row]
+    # The mask HF builds for one query: None when no prompt is padded, else the keys each row may attend to.
+    allowed = None if bool(prompt_mask.all()) else mask.bool()[:, None, None, :]  # [B, 1, 1, Lp + max_new_tokens]
     out = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=prompt_ids.device)
     running = torch.ones(B, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
@@ -121,8 +132,11 @@ def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.
         running &= token != eos
         if t + 1 == max_new_tokens or not running.any():
             return out[:, : t + 1]
-        logits = net(input_ids=token[:, None], attention_mask=mask[:, : Lp + t + 1], position_ids=next_position + t,
-                     cache=cache, use_cache=True).logits[:, -1]
+        if step is not None:
+            logits = step.step(token, next_position + t, cache, None if allowed is None else allowed[..., : Lp + t + 1])
+        else:
+            logits = net(input_ids=token[:, None], attention_mask=mask[:, : Lp + t + 1], position_ids=next_position + t,
+                         **_with_cache(net, cache)).logits[:, -1]
     return out
 
 
@@ -160,6 +174,18 @@ def _cache(config, capacity: int) -> Cache:
     if set(kinds) != {"full_attention"}:
         return DynamicCache(config=config)
     return Cache(layers=[_PreallocatedLayer(capacity) for _ in kinds])
+
+
+def _with_cache(model, cache: Cache) -> dict:
+    """forward()'s keyword arguments that read and extend `cache`: transformers 5.24 names it `cache`, 5.17
+    `past_key_values` (5.24 still takes the old name, deprecated until 5.40)."""
+    net = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(net)): cache, "use_cache": True}
+
+
+@lru_cache(maxsize=None)
+def _cache_keyword(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def greedy_draw(logits: torch.Tensor) -> torch.Tensor:

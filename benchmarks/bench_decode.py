@@ -1,0 +1,94 @@
+"""Sampling alone: the fused decode step (service/grpo/decoder.py) against HF's forward for every token.
+
+One process, the two paths alternating call by call (drift on a loaded machine hits both alike), each
+`sample()` of G = 8 completions of 8 prompts with the demo model and a LoRA adapter that is not zero;
+the median per path and the median of the paired ratios. Then `--steps` GRPO steps of the demo with
+each path from the same seed: whether the step statistics (loss, grad norm, KL, reward, entropy) are bit for
+bit the same, i.e. whether training is unchanged on this machine.
+
+    python benchmarks/bench_decode.py [--repeats 16] [--steps 5] [--threads 1] [--clock cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3=", "61+19=", "8+80="]
+
+
+def sampling(setting: str, repeats: int, tmp: Path, clock) -> dict[bool, list[float]]:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_sentinel.service.grpo.rollout import sample
+
+    path = common.model_dir(setting, tmp)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path),
+                           LoraConfig(r=common.RANK, lora_alpha=2 * common.RANK, target_modules=common.TARGETS))
+    with torch.no_grad():  # a trained adapter: B is not zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    prompts = [p for p in PROMPTS for _ in range(common.G)]
+    times = {True: [], False: []}  # exact (HF's forward) -> seconds per sample()
+    for r in range(repeats + 1):
+        for exact in (True, False):
+            torch.manual_seed(r)
+            t0 = clock()
+            sample(model.eval(), tokenizer, prompts, max_new_tokens=common.SETTINGS[setting], exact=exact)
+            if r:  # the first round warms up
+                times[exact].append(clock() - t0)
+    return times
+
+
+def same_steps(steps: int) -> bool:
+    from grpo_sentinel.service.demo import demo_model_dir
+    from grpo_sentinel.service.grpo import rollout, step
+
+    stats = {}
+    for exact in (False, True):
+        step.sample = functools.partial(rollout.sample, exact=exact)
+        run = common.ours(demo_model_dir(), common.SETTINGS["demo"])
+        stats[exact] = [(s.loss, s.grad_norm, s.kl, s.reward, s.entropy) for s in (run.next() for _ in range(steps))]
+    return stats[False] == stats[True]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--clock", choices=list(CLOCKS), default="wall")
+    args = ap.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(common.machine() + f"; clock: {args.clock}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for setting in common.SETTINGS:
+            t = sampling(setting, args.repeats, Path(tmp), CLOCKS[args.clock])
+            paired = statistics.median(a / b for a, b in zip(t[True], t[False]))
+            print(f"{setting} (max_new_tokens {common.SETTINGS[setting]}, {common.G} x {len(PROMPTS)} completions): "
+                  f"HF forward {1e3 * statistics.median(t[True]):.1f} ms, fused step {1e3 * statistics.median(t[False]):.1f}"
+                  f" ms per sample() (median of {args.repeats}); paired ratio {paired:.2f}x", flush=True)
+    if args.steps:
+        verdict = "bit for bit the same" if same_steps(args.steps) else "DIFFERENT (rounding differs on this machine)"
+        print(f"{args.steps} demo GRPO steps, fused step vs HF forward: step statistics {verdict}")
+
+
+if __name__ == "__main__":
+    main()
