@@ -5,15 +5,28 @@ queries, its variables resolved as its own variable queries resolve them). The G
 rules' queries run on the same series without error."""
 
 import json
+import os
 import signal
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 from conftest import REPO, query_range, wait_for
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules_grafana
 from test_daemon import Daemon
+
+
+def crash_at_step_8(completion, answer, prompt):
+    """A reward that kills its process in its eighth step (64 calls a step): the run's series were up long
+    enough for several scrapes (a run that dies in its third step can be gone between two)."""
+    marker = Path(os.environ["CRASH_MARKER"])
+    calls = int(marker.read_text() or 0) + 1 if marker.exists() else 1
+    marker.write_text(str(calls))
+    if calls > 7 * 64:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 1.0 if completion.strip() == answer else 0.0
 
 
 def test_the_committed_service_dashboard_is_the_generated_one():
@@ -25,7 +38,7 @@ def test_the_committed_service_dashboard_is_the_generated_one():
 def test_every_service_query_returns_data_from_a_daemon_training_two_runs(prometheus, tmp_path, demo_dir):
     query, target, web = prometheus
     t0 = time.time()
-    d = Daemon(tmp_path / "state", "--reward-module", "test_daemon", port=target,
+    d = Daemon(tmp_path / "state", "--reward-module", "test_service_dashboard", port=target,
                env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")})
     try:
         d.ready()
@@ -33,7 +46,7 @@ def test_every_service_query_returns_data_from_a_daemon_training_two_runs(promet
         for run in ({"run": {"steps": 6, "run_id": "ok", "sample_every": 6}, "data": {"eval_size": 20},
                      "telemetry": {"linger_s": 1}},
                     {"run": {"steps": 12, "run_id": "dies", "sample_every": 6}, "data": {"eval_size": 20},
-                     "rewards": [{"name": "test_daemon:crash_at_step_3"}]}):
+                     "rewards": [{"name": "test_service_dashboard:crash_at_step_8"}]}):
             status, body = d.call("POST", "/v1/runs", run)
             assert status == 201, body
         d.wait_status("dies", {"failed"})
