@@ -117,6 +117,7 @@ def sse(url: str, last_id: str | None = None) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_stop_from_another_process_while_following_and_streams_never_hold_up_the_probes(daemons, tmp_path, demo_dir):
     d = daemons().ready()
     assert d.call("POST", "/v1/runs", tiny("long", 200))[0] == 201
@@ -153,6 +154,7 @@ def answers_within(url: str, seconds: float) -> bool:
         return r.status == 200
 
 
+@pytest.mark.slow
 def test_the_daemon_restarted_twice_while_following_and_no_step_is_printed_twice(daemons, tmp_path, demo_dir):
     d = daemons("--grace-s", "20").ready()
     port = d.port

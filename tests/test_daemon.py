@@ -141,6 +141,7 @@ def crash_at_step_3(completion, answer, prompt):
     return 1.0 if completion.strip() == answer else 0.0
 
 
+@pytest.mark.slow
 def test_a_run_that_dies_is_failed_with_its_error_and_the_next_one_runs(daemons, tmp_path, demo_dir):
     d = daemons("--reward-module", "test_daemon",
                 env={"CRASH_MARKER": str(tmp_path / "calls"), "PYTHONPATH": str(REPO / "tests")}).ready()
@@ -153,6 +154,7 @@ def test_a_run_that_dies_is_failed_with_its_error_and_the_next_one_runs(daemons,
     assert d.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_sigkill_the_daemon_again_and_again_and_every_step_is_recorded_exactly_once(daemons, tmp_path, demo_dir):
     reference = tmp_path / "ref"
     flags = [x for k, v in {"run.steps": 12, "run.sample_every": 6, "run.checkpoint_every": 2, "run.eval_seed": 7,
@@ -179,6 +181,7 @@ def test_sigkill_the_daemon_again_and_again_and_every_step_is_recorded_exactly_o
         assert [row[key] for row in got] == [row[key] for row in want], key  # as if never interrupted
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_run_and_exits_0_within_the_grace_and_the_next_start_resumes(daemons, demo_dir):
     d = daemons("--grace-s", "20").ready()
     d.call("POST", "/v1/runs", {**RUN, "run": {**RUN["run"], "steps": 200, "run_id": "g", "checkpoint_every": 50}})

@@ -153,6 +153,7 @@ def test_cli_json_report_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     from grpo_sentinel.service.config import load_config
     from grpo_sentinel.service.trainer import Trainer

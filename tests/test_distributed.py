@@ -54,6 +54,7 @@ def test_two_ranks_are_one_process_over_the_same_samples(tmp_path, demo_dir):
     assert main["rank_adapter_unchanged_after_nan"] and other["rank_adapter_unchanged_after_nan"]
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_rank_stops_both_at_one_checkpoint_and_the_run_resumes_on_one_rank(tmp_path, demo_dir):
     port = free_port()
     base = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}

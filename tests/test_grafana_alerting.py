@@ -166,6 +166,7 @@ def _as_promql(rule: dict) -> str:
     return f"({query}) {op} {found[1]:g}"
 
 
+@pytest.mark.slow
 def test_grafana_rules_fire_exactly_where_the_diagnosis_does_on_the_zoo(tmp_path, promtool):
     """As tests/test_rules_agreement.py for the Prometheus rules, with no recording rule loaded: the
     written-out series and the thresholds are the Prometheus rules' own (seed 0 of every scenario;

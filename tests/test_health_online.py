@@ -3,6 +3,8 @@
 import csv
 import json
 
+import pytest
+
 from conftest import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
@@ -32,11 +34,13 @@ def test_a_condition_in_stop_on_ends_the_run_early_with_a_checkpoint(tmp_path, d
     assert json.loads((tmp_path / "r" / "checkpoints" / "last-healthy" / "manifest.json").read_text())["step"] == 5
 
 
+@pytest.mark.slow
 def test_a_condition_in_halt_on_halts(tmp_path, demo_dir):
     result = run(tmp_path, "health.halt_on=[signal_vanished]", "health.stop_on=[]")
     assert (result.status, result.exit_code, result.step) == ("halted", 3, 5)
 
 
+@pytest.mark.slow
 def test_without_actions_the_run_continues_and_records_the_condition(tmp_path, demo_dir):
     result = run(tmp_path, "health.stop_on=[]", steps=8)
     assert result.status == "completed"
@@ -44,6 +48,7 @@ def test_without_actions_the_run_continues_and_records_the_condition(tmp_path, d
     assert [r["health"] for r in rows] == [""] * 4 + ["signal_vanished"] * 4
 
 
+@pytest.mark.slow
 def test_induced_collapse_high_learning_rate(tmp_path, demo_dir):
     """lr 1e-2 (10x the demo's) on the tiny model: every group loses its signal (all wrong), KL climbs
     past 2 per token and held-out accuracy falls to ~0. The monitor must name it."""

@@ -12,6 +12,7 @@ run_id, as the exporter writes it.
 import subprocess
 
 import numpy as np
+import pytest
 import yaml
 
 import zoo
@@ -60,6 +61,7 @@ def input_series(log: RunLog, entropy_baseline: float, run_id: str = "zoo") -> l
 CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
 
 
+@pytest.mark.slow
 def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     tests, expected_any = {}, set()
     for gen, seed in CASES:
