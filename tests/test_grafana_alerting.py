@@ -35,8 +35,8 @@ import zoo
 from conftest import REPO, cli
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana as rg
-from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
-from test_rules_agreement import STEP_S, input_series
+from grpo_sentinel.telemetry.health.detectors import Thresholds
+from test_rules_agreement import STEP_S, promtool_case
 
 FOLDER = REPO / "deploy" / "grafana"
 COMMITTED = FOLDER / "grpo-alert-rules.yaml"
@@ -174,19 +174,7 @@ def test_grafana_rules_fire_exactly_where_the_diagnosis_does_on_the_zoo(tmp_path
     tests = {}
     for gen in zoo.ZOO:
         log = zoo.make(gen, 0)
-        diagnosis = diagnose(log)
-        found = {c.id for c in diagnosis.conditions} - set(rulegen.TRAINER_SIDE)
-        end = (len(log) - 1) * STEP_S
-        tests.setdefault(log.max_reward, []).append({
-            "name": f"{gen.__name__}: diagnose reports {sorted(found) or 'nothing'}",
-            "interval": f"{STEP_S}s",
-            "input_series": input_series(log, diagnosis.entropy_baseline, gen.__name__),
-            "promql_expr_test": [{
-                "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
-                "eval_time": f"{end}s",
-                "exp_samples": [{"labels": f'{{alertname="{rulegen.alert_name(c)}"}}', "value": 1} for c in sorted(found)],
-            }],
-        })
+        tests.setdefault(log.max_reward, []).append(promtool_case(log, gen.__name__, gen.__name__)[0])
     runs = []
     for max_reward, cases in tests.items():
         p = rulegen.RuleParams(window=Thresholds().window * STEP_S, pending=0, max_reward=max_reward)
@@ -338,6 +326,6 @@ def test_the_policy_parses_and_routes_every_rule_as_the_alertmanager_example_doe
     for _, rule in grafana_rules():
         sev = as_prometheus(rule["labels"]["severity"])
         for s in (["critical", "warning"] if "{{" in sev else [sev]):
-            labels = {"alertname": rule["title"], "severity": s, "grafana_folder": "GRPO", **rule["labels"], "severity": s}
+            labels = {"alertname": rule["title"], "grafana_folder": "GRPO", **rule["labels"], "severity": s}
             assert _receiver(policy, labels) == want[s], rule["title"]
     assert _receiver(policy, {"alertname": "SomethingElse", "severity": "critical"}) == ("grpo-chat", [])

@@ -62,24 +62,31 @@ CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
 
 
 @pytest.mark.slow
+def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
+    """A `promtool test rules` case: the log's series, and the alerts that must have fired by its end,
+    exactly the conditions diagnose finds (the trainer-side ones aside); and those conditions."""
+    diagnosis = diagnose(log)
+    found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
+    end = (len(log) - 1) * STEP_S
+    return {
+        "name": f"{name}: diagnose reports {sorted(found) or 'nothing'}",
+        "interval": f"{STEP_S}s",
+        "input_series": input_series(log, diagnosis.entropy_baseline, run_id),
+        "promql_expr_test": [{
+            "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
+            "eval_time": f"{end}s",
+            "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)],
+        }],
+    }, found
+
+
 def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     tests, expected_any = {}, set()
     for gen, seed in CASES:
         log = zoo.make(gen, seed)
-        diagnosis = diagnose(log)
-        found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
+        case, found = promtool_case(log, f"{gen.__name__} seed {seed}", f"{gen.__name__}-{seed}")
         expected_any |= found
-        end = (len(log) - 1) * STEP_S
-        tests.setdefault(log.max_reward, []).append({
-            "name": f"{gen.__name__} seed {seed}: diagnose reports {sorted(found) or 'nothing'}",
-            "interval": f"{STEP_S}s",
-            "input_series": input_series(log, diagnosis.entropy_baseline, f"{gen.__name__}-{seed}"),
-            "promql_expr_test": [{
-                "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
-                "eval_time": f"{end}s",
-                "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)],
-            }],
-        })
+        tests.setdefault(log.max_reward, []).append(case)
     runs = []
     for max_reward, cases in tests.items():
         rules = f"rules-{max_reward:g}.yml"

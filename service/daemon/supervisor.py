@@ -266,10 +266,11 @@ class Supervisor:
         status = summary.get("status", "running")
         if status not in FINISHED and summary.get("attempt", 0) == attempts:
             status = "running"  # this start never got to say (a "preempted" is the previous attempt's)
-        if status in FINISHED or rc == EXIT_DISK:
-            if rc == EXIT_DISK:  # the run's own advice names the CLI; under the daemon it is the resume call
-                status = "failed"
-                run.update_summary(status="failed", reason=self._why(run_id, rc))
+        if rc == EXIT_DISK:  # the run's own advice names the CLI; under the daemon it is the resume call
+            status = "failed"
+            run.update_summary(status="failed", reason=self._why(run_id, rc))
+        elif status in FINISHED:
+            pass
         elif stop_requested:
             status = "stopped"
             run.update_summary(status="stopped", reason="stopped through the API")
