@@ -61,7 +61,6 @@ def input_series(log: RunLog, entropy_baseline: float, run_id: str = "zoo") -> l
 CASES = [(gen, seed) for gen in zoo.ZOO for seed in (0, 1)]
 
 
-@pytest.mark.slow
 def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
     """A `promtool test rules` case: the log's series, and the alerts that must have fired by its end,
     exactly the conditions diagnose finds (the trainer-side ones aside); and those conditions."""
@@ -80,6 +79,7 @@ def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
     }, found
 
 
+@pytest.mark.slow
 def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     tests, expected_any = {}, set()
     for gen, seed in CASES:
