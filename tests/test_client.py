@@ -158,7 +158,9 @@ def answers_within(url: str, seconds: float) -> bool:
 def test_the_daemon_restarted_twice_while_following_and_no_step_is_printed_twice(daemons, tmp_path, demo_dir):
     d = daemons("--grace-s", "20").ready()
     port = d.port
-    d.call("POST", "/v1/runs", tiny("r", 10))
+    # Long enough that the SIGTERM below lands well before the last step (10 steps took 0.5 s in CI and
+    # once finished before the signal: nothing was left to resume).
+    d.call("POST", "/v1/runs", tiny("r", 100))
     f = follower(d, "r", tmp_path / "follow.err")
     record = d.state / "runs" / "r" / "steps.csv"
     err = lambda: (tmp_path / "follow.err").read_text()  # noqa: E731
@@ -176,8 +178,8 @@ def test_the_daemon_restarted_twice_while_following_and_no_step_is_printed_twice
         d = daemons(port=port).ready()
     out, _ = f.communicate(timeout=600)
     assert f.returncode == 0, err()
-    assert out.strip() == "run completed at step 10: r"
-    assert printed(err()) == as_printed(steps_of(record))  # 1..10, each once, as recorded
+    assert out.strip() == "run completed at step 100: r"
+    assert printed(err()) == as_printed(steps_of(record))  # 1..100, each once, as recorded
     assert err().count("reconnected to the daemon") >= 1 and "resumed from its checkpoint" in err()
 
 
