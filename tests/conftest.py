@@ -1,21 +1,9 @@
-import contextlib
-import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.parse
-import urllib.request
+"""The fixtures every test file can ask for; plain helpers are in helpers.py."""
 from pathlib import Path
 
 import pytest
 
-from grpo_sentinel.telemetry.health.rules import RuleParams, render
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
+from helpers import installed, prometheus_server
 
 
 @pytest.fixture(scope="session")
@@ -24,29 +12,6 @@ def demo_dir() -> Path:
     from grpo_sentinel.service.demo import demo_model_dir
 
     return demo_model_dir()
-
-
-def new_run(parent: Path, cfg, name: str = "r"):
-    """A fresh, locked run directory for a Trainer, as the CLI makes one."""
-    from grpo_sentinel.service.runs import RunDir
-
-    return RunDir.new(parent, name, cfg)
-
-
-def cli(*args: str) -> list[str]:
-    """Command line of the installed entry point, as a user runs it."""
-    return [sys.executable, "-m", "grpo_sentinel.service.cli", *args]
-
-
-def installed(binary: str, package: str) -> str:
-    """Path of a real component the tests run against: in CI its absence fails (.ci/run installs
-    it), elsewhere it skips with the command that installs it."""
-    path = shutil.which(binary)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{binary} is not installed (.ci/run installs Debian's {package})")
-        pytest.skip(f"{binary} not installed: apt-get install {package}")
-    return path
 
 
 @pytest.fixture
@@ -59,74 +24,7 @@ def amtool() -> str:
     return installed("amtool", "prometheus-alertmanager")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float = 300.0, every: float = 0.005) -> bool:
-    """Poll until predicate() is true; False if `timeout` seconds pass first. Never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
-
-
-def answers(url: str) -> bool:
-    """True once a server answers `url` (a started process is not yet a listening one)."""
-    try:
-        urllib.request.urlopen(url)
-        return True
-    except OSError:
-        return False
-
-
-# The shipped rules with windows for the demo's pace (~5 steps a second, scraped every 200 ms): a
-# 2 s window is ~10 steps, about the detectors' own window for the demo (7 steps).
-FAST_RULES = RuleParams(window=2, pending=1)
-
-
-@contextlib.contextmanager
-def prometheus_server(folder: Path):
-    """A real Prometheus on 127.0.0.1 with the alert rules, scraping every 200 ms; yields (query, target port,
-    web port)."""
-    binary = installed("prometheus", "prometheus")
-    target, web = free_port(), free_port()
-    rules = folder / "grpo-rules.yml"
-    rules.write_text(render(FAST_RULES))
-    (folder / "prometheus.yml").write_text(
-        "global: {scrape_interval: 200ms, evaluation_interval: 200ms}\n"
-        f"rule_files: ['{rules}']\n"
-        f"scrape_configs: [{{job_name: grpo, static_configs: [{{targets: ['127.0.0.1:{target}']}}]}}]\n")
-    proc = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{web}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def query(expr: str) -> list:
-        url = f"http://127.0.0.1:{web}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        return json.load(urllib.request.urlopen(url))["data"]["result"]
-
-    try:
-        assert wait_for(lambda: answers(f"http://127.0.0.1:{web}/api/v1/query?query=up"), 30, 0.1), "prometheus did not start"
-        # Its API answers seconds before its scrape loop starts (target discovery is batched every 5 s):
-        # a run that short would never be scraped. The first `up` sample (0: nothing listens yet) says it has.
-        assert wait_for(lambda: query('up{job="grpo"}'), 30, 0.1), "prometheus never scraped its target"
-        yield query, target, web
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 @pytest.fixture
 def prometheus(tmp_path):
     with prometheus_server(tmp_path) as server:
         yield server
-
-
-def query_range(web: int, expr: str, start: float, end: float) -> list:
-    args = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 0.5})
-    body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query_range?{args}"))
-    assert body["status"] == "success", body
-    return body["data"]["result"]

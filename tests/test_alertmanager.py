@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import yaml
 
-from conftest import REPO, answers, free_port, installed, wait_for
+from helpers import REPO, answers, free_port, installed, wait_for
 from grpo_sentinel.telemetry.health import rules
 
 EXAMPLE = REPO / "deploy" / "alertmanager" / "example.yml"

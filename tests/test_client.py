@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, wait_for
+from helpers import cli, wait_for
 from test_daemon import Daemon, daemons, steps_of  # noqa: F401 - `daemons` is the fixture
 
 # A demo run small enough to be quick on a loaded 2-core machine: 2 prompts x 4 completions a step.

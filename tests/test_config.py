@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import cli
+from helpers import cli
 from grpo_sentinel.service.config import ConfigError, SetupError, load_config
 from grpo_sentinel.service.launch import check_launch
 
@@ -137,13 +137,13 @@ def test_cli_rejects_a_dataset_row_without_answer(tmp_path, demo_dir):
 
 
 def test_demo_example_spells_out_the_defaults():
-    from conftest import REPO
+    from helpers import REPO
 
     assert load_config(REPO / "examples" / "demo.yaml") == load_config()
 
 
 def test_gpu_example_is_valid_except_for_paths_that_live_on_the_node():
-    from conftest import REPO
+    from helpers import REPO
 
     cfg = load_config(REPO / "examples" / "gpu-qwen-0.5b.yaml")
     with pytest.raises(SetupError) as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, answers, cli, free_port, query_range, wait_for
+from helpers import REPO, answers, cli, free_port, query_range, wait_for
 
 RUN = {"run": {"steps": 12, "sample_every": 6, "checkpoint_every": 2, "eval_seed": 7}, "data": {"eval_size": 40}}
 

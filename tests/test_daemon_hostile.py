@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from helpers import wait_for
 from test_daemon import Daemon, steps_of
 
 TOKEN = "t0ken-of-the-daemon"
@@ -304,7 +304,7 @@ def test_damaged_files_spoil_one_run_only_and_an_early_stop_is_a_stop(daemons, t
 
 
 def test_the_operators_settings_are_checked_before_the_daemon_starts(tmp_path):
-    from conftest import cli
+    from helpers import cli
 
     def serve(*flags: str) -> subprocess.CompletedProcess:
         return subprocess.run(cli("serve", "--state-dir", str(tmp_path / "s"), *flags), capture_output=True, text=True,

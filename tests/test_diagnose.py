@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
-from conftest import cli, new_run
+from helpers import cli, new_run
 from grpo_sentinel.telemetry.health.detectors import diagnose, lead_time
 from grpo_sentinel.telemetry.health.ingest import IngestError, RunLog, load
 from grpo_sentinel.telemetry.health.table import BY_ID

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli, free_port, wait_for
+from helpers import REPO, cli, free_port, wait_for
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 FAST = ["--set", "telemetry.prometheus=false", "--set", "data.eval_size=20", "--set", "run.sample_every=4"]

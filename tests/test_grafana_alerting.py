@@ -32,7 +32,7 @@ from grafana_foundation_sdk.models import expr as em
 from grafana_foundation_sdk.models import prometheus as pm
 
 import zoo
-from conftest import REPO, cli
+from helpers import REPO, cli
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana as rg
 from grpo_sentinel.telemetry.health.detectors import Thresholds

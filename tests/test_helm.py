@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana, rules_helm
 from test_grafana_alerting import check_rule_file

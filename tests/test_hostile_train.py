@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import cli, wait_for
+from helpers import cli, wait_for
 from grpo_sentinel.service.config import ConfigError, validate
 from grpo_sentinel.service.data import DataError, read_jsonl
 

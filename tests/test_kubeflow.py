@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 
 KUBEFLOW = REPO / "deploy" / "kubeflow"
 

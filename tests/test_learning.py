@@ -5,7 +5,7 @@ import json
 import statistics
 import subprocess
 
-from conftest import cli
+from helpers import cli
 
 # Measured over seeds 0-3 (`python benchmarks/bench_learning.py --seeds 0 1 2 3`): the held-out
 # sample_acc gain, end (mean of the last three sampling points) minus step 0, was +0.093 to

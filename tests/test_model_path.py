@@ -4,7 +4,7 @@ import csv
 import json
 import subprocess
 
-from conftest import cli
+from helpers import cli
 
 
 def test_local_model_dir_and_jsonl_dataset(tmp_path, demo_dir):

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, cli
+from helpers import REPO, cli
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE, DAEMON
 from grpo_sentinel.telemetry.health import rules as rulegen

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, wait_for
+from helpers import cli, wait_for
 
 STEPS = 24
 ARGS = ["--steps", str(STEPS), "--set", "run.sample_every=8", "--set", "run.checkpoint_every=5",

@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from conftest import REPO, query_range, wait_for
+from helpers import REPO, query_range, wait_for
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules_grafana
 from test_daemon import Daemon

@@ -4,7 +4,7 @@ import urllib.request
 
 import numpy as np
 
-from conftest import REPO
+from helpers import REPO
 from grpo_sentinel.telemetry import catalogue
 from grpo_sentinel.telemetry.otel import OTelSink
 from grpo_sentinel.telemetry.schema import RunInfo, Samples, Scales, StepStats

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli, free_port, new_run, query_range
+from helpers import cli, free_port, new_run, query_range
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from conftest import cli, free_port, wait_for
+from helpers import cli, free_port, wait_for
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
 from grpo_sentinel.telemetry.traces import Credentials, TraceSink, model_name, plan, trace_id

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from conftest import new_run
+from helpers import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
 

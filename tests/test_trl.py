@@ -23,7 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import trl_run
-from conftest import REPO, cli, free_port, prometheus_server, query_range, wait_for
+from helpers import REPO, cli, free_port, prometheus_server, query_range, wait_for
 from grpo_sentinel.integrations import trl_stats
 from grpo_sentinel.integrations.trl import NOT_FED, SUPPORTED, SentinelCallback, SentinelSetupError
 from grpo_sentinel.telemetry import dashboard
