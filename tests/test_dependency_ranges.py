@@ -14,6 +14,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
+
 CI = Path(__file__).resolve().parents[1] / ".ci"
 PACKAGES = ["torch", "transformers", "peft"]
 

@@ -382,3 +382,23 @@ def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, de
     assert proc.wait(timeout=60) == 75
     assert time.monotonic() - t0 < 15
     assert json.loads((tmp_path / "s" / "summary.json").read_text())["status"] == "preempted"
+
+
+def test_cli_rejects_bad_config_before_loading_any_model(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("grpo:\n  beta: -1\n")
+    t0 = time.monotonic()
+    p = subprocess.run(cli("train", "--config", str(path), "--out", str(tmp_path)), capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "grpo.beta: Input should be greater than or equal to 0 (got -1)" in p.stderr
+    assert not any(tmp_path.glob("*/config.yaml"))  # no run directory was started
+    assert time.monotonic() - t0 < 60  # generous; the point is: no model, no warm-up
+
+
+def test_cli_rejects_a_dataset_row_without_answer(tmp_path, demo_dir):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    p = subprocess.run(cli("train", "--out", str(tmp_path), "--set", f"model.path={demo_dir}",
+                           "--set", f"data.path={data}", "--set", "telemetry.prometheus=false"), capture_output=True, text=True)
+    assert p.returncode == 2
+    assert f"{data}:2: row has no 'answer' field" in p.stderr

@@ -11,6 +11,8 @@ import zoo
 from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
+
 
 def csv_log(path, columns: dict[str, np.ndarray]) -> None:
     names = list(columns)

@@ -7,6 +7,8 @@ import torch
 
 from grpo_sentinel.service.grpo import math as gm
 
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
+
 
 def test_advantages_golden_unbiased_std():
     # rewards [1,1,0,0]: mean 0.5; unbiased var = 4 * 0.25 / 3 = 1/3, std = 0.57735

@@ -3,10 +3,13 @@
 import math
 
 import numpy as np
+import pytest
 
 from grpo_sentinel.service.config import GRPOSettings, RewardSpec
 from grpo_sentinel.service.data import Verifier
 from grpo_sentinel.service.rewards import RewardScorer
+
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
 
 CALLS = {"n": 0}
 

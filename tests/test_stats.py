@@ -7,6 +7,8 @@ import pytest
 
 from grpo_sentinel.telemetry.stats import mean, moving_average, percentile, sd, slope, summarize, windowed_sd
 
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
+
 
 def test_percentile_golden_and_contract():
     xs = [0.9, 0.2, 0.5, 0.3, 0.4]  # unsorted on purpose
