@@ -92,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     rules.add_argument("--format", choices=["prometheus", "grafana"], default="prometheus",
                        help="prometheus: a Prometheus rule file; grafana: the same rules as Grafana-managed alert rules "
                             "(file provisioning), with datasource=UID, folder=, interval=1m, org=1, uid_prefix=grpo settable")
+    dashboard = sub.add_parser("dashboard", help="print a Grafana dashboard (grafana/dashboards/) for your monitoring "
+                                                 "config")
+    dashboard.add_argument("name", nargs="?", choices=["health", "service"], default="health",
+                           help="health: one run (grpo-health.json, default); service: the daemon's runs (grpo-service.json)")
+    dashboard.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=VALUE",
+                           help="the monitoring config the rules read too: window=5m (the moving means' default), "
+                                "selector='namespace=\"ml\"' (label matchers every query adds) (repeatable)")
+    generate = sub.add_parser("generate", help="write every generated file of a checkout (rules, Helm rules template, "
+                                               "Grafana rules, dashboards, runbook, metrics doc, OpenAPI document)")
+    generate.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each file that differs "
+                                                               "from its generator")
+    generate.add_argument("--root", type=Path, help="the checkout (default: the one this package runs from)")
     serve = sub.add_parser("serve", help="run the trainer daemon: an HTTP API and a restart-safe queue of runs")
     serve.add_argument("--config", type=Path, help="daemon settings (YAML: listen, state_dir, grace_s, run_at_start, "
                                                         "reward_modules, allowed_paths, limits)")
@@ -126,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         return _diagnose(args)
     if args.command == "rules":
         return _rules(args)
+    if args.command == "dashboard":
+        return _dashboard(args)
+    if args.command == "generate":
+        return _generate(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local directories; never reach for a hub
     from grpo_sentinel.service.runs import Interrupted
@@ -193,6 +209,25 @@ def _diagnose(args) -> int:
 
 def _rules(args) -> int:
     return health_cli.rules_command(args.settings, args.format)
+
+
+def _dashboard(args) -> int:
+    try:
+        from grpo_sentinel.telemetry import dashboard
+    except ImportError:
+        print("grpo-sentinel dashboard: needs grafana-foundation-sdk: pip install 'grpo-sentinel[dashboards]'",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return dashboard.command(args.name, args.settings)
+
+
+def _generate(args) -> int:
+    """telemetry/generated.py's files and the service's one: the daemon's OpenAPI document."""
+    from grpo_sentinel.service.daemon.app import openapi_json
+    from grpo_sentinel.telemetry import generated
+
+    files = [*generated.telemetry_files(), generated.Generated("docs/openapi.json", openapi_json, "service/daemon/app.py")]
+    return generated.main(files, args.check, args.root)
 
 
 class Signals:

@@ -24,12 +24,12 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from grpo_sentinel.service.daemon import TOKEN_ENV
 from grpo_sentinel.service.runs import EXIT_CODES
 
 log = logging.getLogger("grpo_sentinel")
 
 URL_ENV = "GRPO_SENTINEL_URL"
-TOKEN_ENV = "GRPO_SENTINEL_API_TOKEN"  # the daemon's (serve.TOKEN_ENV; not imported: that pulls in uvicorn)
 DEFAULT_URL = "http://127.0.0.1:8000"  # `grpo-sentinel serve`'s default --listen
 EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 2, 69  # 69 = EX_UNAVAILABLE
 # A followed run that ends `stopped` (through the API) or `removed` (stopped while queued) did not finish:

@@ -22,7 +22,6 @@ import numpy as np
 from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
 from grpo_sentinel.telemetry.schema import Scales, StepStats
 
-
 Points = Iterable[tuple[float, dict[str, str]]]  # (value, attributes)
 
 
@@ -240,7 +239,7 @@ def nonfinite_signals(s: StepStats) -> list[str]:
 
 
 def markdown() -> str:
-    """docs/metrics.md, generated: `python -m grpo_sentinel.telemetry.catalogue > docs/metrics.md` (a test checks it)."""
+    """docs/metrics.md, generated (`grpo-sentinel generate`; telemetry/generated.py)."""
     lines = [
         "# Metric catalogue",
         "",
@@ -273,6 +272,3 @@ def markdown() -> str:
     lines += [f"| `{d.name}` | {d.kind} | {d.description} |" for d in DAEMON] + [""]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    print(markdown(), end="")

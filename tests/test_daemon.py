@@ -233,13 +233,8 @@ def test_a_corrupt_queue_is_reported_and_no_run_is_lost(daemons, demo_dir):
     assert "is corrupt" in d.output() and list(d.state.glob("queue.json.corrupt-*"))
 
 
-def test_the_openapi_document_is_checked_in():
-    from grpo_sentinel.service.daemon.app import create_app
-    from grpo_sentinel.service.daemon.supervisor import Supervisor
-
-    doc = create_app(Supervisor(Path("unused")), None).openapi()
-    assert json.loads((REPO / "docs" / "openapi.json").read_text()) == doc, \
-        "run: python -m grpo_sentinel.service.daemon.app > docs/openapi.json"
+def test_the_openapi_document_takes_the_train_config():
+    doc = json.loads((REPO / "docs" / "openapi.json").read_text())  # current: tests/test_generated.py
     assert "Config" in doc["components"]["schemas"]  # the body of POST /v1/runs is the train config
 
 

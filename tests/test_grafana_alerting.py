@@ -1,5 +1,5 @@
 """The Grafana-managed alert rules (telemetry/health/rules_grafana.py) and the Grafana provisioning
-examples (deploy/grafana/): the committed file is the generated one, every rule round-trips through
+examples (deploy/grafana/): every rule round-trips through
 grafana-foundation-sdk's models unchanged, every rule agrees with its Prometheus rule (text,
 threshold, labels, annotations, `for:`), fires exactly when it does on every scenario of the
 diagnosis zoo (promtool, the Grafana evaluation written as PromQL), and every provisioning file
@@ -25,18 +25,18 @@ import subprocess
 
 import pytest
 import yaml
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
+import zoo
 from grafana_foundation_sdk.cog import runtime
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import alerting as am
 from grafana_foundation_sdk.models import expr as em
 from grafana_foundation_sdk.models import prometheus as pm
+from test_rules_agreement import STEP_S, promtool_case
 
-import zoo
-from helpers import REPO, cli
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana as rg
 from grpo_sentinel.telemetry.health.detectors import Thresholds
-from test_rules_agreement import STEP_S, promtool_case
+from helpers import REPO, cli
 
 FOLDER = REPO / "deploy" / "grafana"
 COMMITTED = FOLDER / "grpo-alert-rules.yaml"
@@ -55,11 +55,6 @@ def prometheus_alerts(p=rulegen.RuleParams()) -> dict[str, dict]:
 def as_prometheus(text: str) -> str:
     """A Grafana template or label as Prometheus writes it."""
     return text.replace("$$", "$").replace(f"$values.{rg.REDUCED}.Value", "$value")
-
-
-def test_committed_file_is_the_generated_one():
-    assert COMMITTED.read_text() == rg.render(), \
-        "run: python -m grpo_sentinel.telemetry.health.rules_grafana > deploy/grafana/grpo-alert-rules.yaml"
 
 
 def test_the_cli_prints_them_with_the_same_settings():

@@ -21,11 +21,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from test_grafana_alerting import check_rule_file
 
-from helpers import REPO
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana, rules_helm
-from test_grafana_alerting import check_rule_file
+from grpo_sentinel.telemetry.monitoring import DURATIONS
+from helpers import REPO
 
 CHART = REPO / "deploy" / "helm" / "grpo-sentinel"
 CI = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((CHART / "ci").glob("*.yaml"))}
@@ -374,12 +375,6 @@ def test_telemetry_environment():
 
 # --- the rules and the dashboard ---------------------------------------------------------------------
 
-def test_rules_template_is_the_generated_one():
-    committed = (CHART / "templates" / "_rules.tpl").read_text()
-    assert committed == rules_helm.template(), \
-        "run: python -m grpo_sentinel.telemetry.health.rules_helm > deploy/helm/grpo-sentinel/templates/_rules.tpl"
-
-
 def _chart_rules(values: dict) -> list[dict]:
     return one(merged({"prometheusRule": {"enabled": True}}, values), "PrometheusRule")["spec"]["groups"]
 
@@ -441,7 +436,7 @@ def test_schema_lists_exactly_the_generators_settings():
     assert set(settings["properties"]) == set(rules_helm.settable()), \
         "values.schema.json prometheusRule.settings must list every `grpo-sentinel rules --set` name but grafana"
     for name, default in rules_helm.settable().items():
-        want = (["string", "integer"] if name in rulegen._DURATIONS else
+        want = (["string", "integer"] if name in DURATIONS else
                 {str: "string", int: "integer", float: "number"}[type(default)])
         assert settings["properties"][name]["type"] == want, name
 

@@ -12,10 +12,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from helpers import REPO, query_range, wait_for
+from test_daemon import Daemon
+
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules_grafana
-from test_daemon import Daemon
+from helpers import REPO, query_range, wait_for
 
 
 def crash_at_step_8(completion, answer, prompt):
@@ -27,12 +28,6 @@ def crash_at_step_8(completion, answer, prompt):
     if calls > 7 * 64:
         os.kill(os.getpid(), signal.SIGKILL)
     return 1.0 if completion.strip() == answer else 0.0
-
-
-def test_the_committed_service_dashboard_is_the_generated_one():
-    path = REPO / "grafana" / "dashboards" / "grpo-service.json"
-    assert path.read_text() == dashboard.render("service"), \
-        "run: python -m grpo_sentinel.telemetry.dashboard service > grafana/dashboards/grpo-service.json"
 
 
 def test_every_service_query_returns_data_from_a_daemon_training_two_runs(prometheus, tmp_path, demo_dir):

@@ -5,17 +5,11 @@ import urllib.request
 import numpy as np
 import pytest
 
-from helpers import REPO
 from grpo_sentinel.telemetry import catalogue
 from grpo_sentinel.telemetry.otel import OTelSink
 from grpo_sentinel.telemetry.schema import RunInfo, Samples, Scales, StepStats
 
 pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
-
-
-def test_docs_metrics_md_is_generated_from_the_catalogue():
-    assert (REPO / "docs" / "metrics.md").read_text() == catalogue.markdown(), \
-        "run: python -m grpo_sentinel.telemetry.catalogue > docs/metrics.md"
 
 
 def fixed_step() -> StepStats:

@@ -382,7 +382,8 @@ def _number(v: str) -> float | str:
     return x if math.isfinite(x) else v
 
 
-if __name__ == "__main__":  # docs/openapi.json, generated (a test keeps it equal)
+def openapi_json() -> str:
+    """docs/openapi.json, generated (`grpo-sentinel generate`): the API's document, from the app itself."""
     from pathlib import Path
 
-    print(json.dumps(create_app(Supervisor(Path("unused")), None).openapi(), indent=2, sort_keys=True))
+    return json.dumps(create_app(Supervisor(Path("unused")), None).openapi(), indent=2, sort_keys=True) + "\n"

@@ -16,12 +16,11 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from grpo_sentinel.service.config import ConfigError, load_config
+from grpo_sentinel.service.daemon import TOKEN_ENV
 from grpo_sentinel.service.daemon.admission import Admission, Limits, with_absolute_paths
 from grpo_sentinel.telemetry.settings import Section, error_lines
 
 log = logging.getLogger("grpo_sentinel")
-
-TOKEN_ENV = "GRPO_SENTINEL_API_TOKEN"
 
 
 class DaemonSettings(Section):

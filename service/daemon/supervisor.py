@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
 from grpo_sentinel.service.config import Config
-from grpo_sentinel.service.daemon.serve import TOKEN_ENV
+from grpo_sentinel.service.daemon import TOKEN_ENV
 from grpo_sentinel.service.runs import EXIT_DISK, FINISHED, RunDir, RunDirError
 from grpo_sentinel.telemetry.catalogue import DAEMON
 

@@ -7,20 +7,22 @@ the per-step gauges scraped in the window, a slope the difference of two consecu
 The rows in TRAINER_SIDE cannot be written in PromQL (the reason is given, and printed in the
 runbook); their alerts page on the verdict the trainer's own monitor exports.
 
-`python -m grpo_sentinel.telemetry.health.rules > deploy/prometheus/grpo-rules.yml` writes the defaults (a test keeps the
-committed file equal); `grpo-sentinel rules --set window=10m --set kl_bound=0.5` writes a variant.
+`grpo-sentinel generate` writes the defaults to deploy/prometheus/grpo-rules.yml (telemetry/generated.py);
+`grpo-sentinel rules --set window=10m --set kl_bound=0.5` writes a variant. Windows, grouping and the
+series selector are the monitoring config (telemetry/monitoring.py), which the dashboards read too.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields, replace
 
 import yaml
 
+from grpo_sentinel.telemetry import monitoring
 from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
 TRAINER_SIDE = {
     "loss_spike": "a spike is one step, and a scrape sees one step in every (scrape interval / step time); the "
@@ -60,40 +62,14 @@ DIFFERS = {
 
 
 @dataclass(frozen=True)
-class RuleParams:
-    window: int = 300  # s: the detectors' `window` of steps, in time (5 min: 20 steps of 15 s)
-    pending: int = 120  # s a condition must hold before it fires (`for:`); window means already smooth the noise
-    stall: int = 900  # s without a completed step before GRPOTrainingStalled
+class RuleParams(Monitoring):
+    """The monitoring config (window, pending, stall, group_by, selector) and the alerts' own settings."""
     max_reward: float = 1.0  # the reward's maximum (rewards are judged as a fraction of it)
     runbook: str = "docs/runbook.md"  # runbook_url base; a deployment points it at its own copy
     grafana: str = ""  # Grafana base URL: alerts then link the run's dashboard (`dashboard_url`)
     langfuse: str = ""  # Langfuse project URL (https://host/project/<id>): alerts link the run's generations
-    # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
-    # keeps consecutive runs of the daemon on one pod apart in every window.
-    group_by: tuple[str, ...] = ("job", "instance", "run_id")
     straggler: float = 1.5  # a rank whose busy time is this multiple of the fastest rank's is a straggler
     thresholds: Thresholds = field(default_factory=Thresholds)
-
-
-def duration(seconds: float) -> str:
-    """Prometheus duration: 300 -> '5m', 90 -> '90s'."""
-    if not isinstance(seconds, (int, float)):  # a Helm values expression (rules_helm.py) formats itself
-        return format(seconds, "duration")
-    s = int(round(seconds))
-    for unit, size in (("h", 3600), ("m", 60)):
-        if s % size == 0 and s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
-
-
-def parse_duration(text: str) -> int:
-    """'5m' -> 300, '90s' -> 90, '1h30m' -> 5400, '300' -> 300."""
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    parts = re.findall(r"(\d+)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 300, 90s, 5m, 1h)")
-    return sum(int(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
 # The detector thresholds the PromQL rows read (the others belong to trainer-side rows).
@@ -104,10 +80,7 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "truncation_capped", "kl_growth")
 
 
-_DURATIONS = ("window", "pending", "stall")  # RuleParams fields in seconds, set as 300, 90s, 5m, 1h
-
-
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+MONITORING = tuple(f.name for f in fields(Monitoring))  # parsed by monitoring.parse
 
 
 def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
@@ -122,24 +95,13 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
             raise ValueError(f"{s!r}: write NAME=VALUE, e.g. kl_bound=0.5")
         if name not in own and name not in RULE_THRESHOLDS:
             raise ValueError(f"unknown rule setting {name!r}; known: {', '.join(own + list(RULE_THRESHOLDS))}")
-        if name == "group_by":
-            labels = tuple(x.strip() for x in value.split(",") if x.strip())
-            bad = [x for x in labels if not _LABEL.fullmatch(x)]
-            if not labels or bad:
-                raise ValueError(f"group_by={value!r}: give comma-separated label names, e.g. job,instance,run_id")
-            p_kw[name] = labels
+        if name in MONITORING:
+            p_kw[name] = monitoring.parse(name, value)
             continue
         kind = type(getattr(p if name in own else p.thresholds, name))
-        if name in _DURATIONS:
-            want = "duration" if name == "pending" else "positive duration"
-        else:
-            want = {str: "text", int: "whole number"}.get(kind, "number")
+        want = {str: "text", int: "whole number"}.get(kind, "number")
         try:
-            if name in _DURATIONS:
-                p_kw[name] = parse_duration(value)
-                if p_kw[name] == 0 and name != "pending":
-                    raise ValueError
-            elif kind is str:
+            if kind is str:
                 p_kw[name] = value
             else:
                 x = float(value)
@@ -174,13 +136,14 @@ def recording_rules(p: RuleParams) -> list[dict]:
 
     def avg(metric: str, rng: str, offset: str = "", sel: str = "") -> str:
         off = f" offset {offset}" if offset else ""
-        return f"avg {by} (avg_over_time({metric}{sel}[{rng}]{off}))"
+        return f"avg {by} (avg_over_time({series(p, metric, sel)}[{rng}]{off}))"
 
     def length_mean(offset: str = "") -> str:
         off = f" offset {offset}" if offset else ""
-        return (f"sum {_by(p, 'correct')} (rate(grpo_completion_length_sum[{w}]{off}))\n"
-                f"/ sum {_by(p, 'correct')} (rate(grpo_completion_length_count[{w}]{off}))")
+        return (f"sum {_by(p, 'correct')} (rate({series(p, 'grpo_completion_length_sum')}[{w}]{off}))\n"
+                f"/ sum {_by(p, 'correct')} (rate({series(p, 'grpo_completion_length_count')}[{w}]{off}))")
 
+    loss, step, kl = series(p, "grpo_loss"), series(p, "grpo_step"), series(p, "grpo_kl_mean")
     rules = {
         # Window means of per-step gauges (w = the window, 2w = two windows), and the same window
         # one and two windows earlier: a slope is the difference of consecutive window means.
@@ -194,67 +157,69 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:avg_w_prev2": avg("grpo_kl_mean", w, w2),
         # The KL five windows back: kl_runaway needs growth, not an offset the run started with.
         "grpo:kl_mean:avg_w_prev5": avg("grpo_kl_mean", w, duration(5 * p.window)),
-        "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='{outcome="any"}'),
+        "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='outcome="any"'),
         "grpo:train_accuracy:avg_w": avg("grpo_train_accuracy", w),
         "grpo:train_accuracy:avg_2w": avg("grpo_train_accuracy", w2),
         # Reward above what the strict verifier accepts on the same completions (both as fractions).
         "grpo:reward_over_accuracy:avg_2w": f"grpo:reward_mean:avg_2w / {_num(p.max_reward)} - grpo:train_accuracy:avg_2w",
         "grpo:loss:avg_2w": avg("grpo_loss", w2),
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
-        "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}]))",
-        "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, grpo_loss[{w2}] offset {w2}))",
+        "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, {loss}[{w2}]))",
+        "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, {loss}[{w2}] offset {w2}))",
         # Steps the window holds: changes of the step counter, not scrapes (a scrape faster than the
         # steps sees each step several times, and repeated samples are not independent ones).
-        "grpo:steps:seen_w": f"max {by} (changes(grpo_step[{w}])) + 1",
-        "grpo:steps:seen_2w": f"max {by} (changes(grpo_step[{w2}])) + 1",
+        "grpo:steps:seen_w": f"max {by} (changes({step}[{w}])) + 1",
+        "grpo:steps:seen_2w": f"max {by} (changes({step}[{w2}])) + 1",
         # Standard error of the 2w loss mean: the noise a fall of the loss must stand out of.
-        "grpo:loss:se_2w": f"avg {by} (stddev_over_time(grpo_loss[{w2}]))\n/ sqrt(grpo:steps:seen_2w)",
+        "grpo:loss:se_2w": f"avg {by} (stddev_over_time({loss}[{w2}]))\n/ sqrt(grpo:steps:seen_2w)",
         # Standard error of the w KL mean from its step-to-step noise: the sd of consecutive differences
         # (idelta at every evaluation of the window; a repeated scrape of one step, a zero difference,
         # is left out) / sqrt 2, over sqrt(steps): a trend only shifts the differences' mean
         # (detectors._diff_se), for kl_acceleration.
-        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time((idelta(grpo_kl_mean[{w2}]) != 0)[{w}:]))\n"
+        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time((idelta({kl}[{w2}]) != 0)[{w}:]))\n"
                               f"/ {_num(math.sqrt(2))} / sqrt(grpo:steps:seen_w)"),
         "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
         "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
         # The run's early entropy, as the trainer's monitor computed it, and ln V (= entropy / normalized).
-        "grpo:entropy:baseline": f"max {by} (grpo_entropy_baseline)",
-        "grpo:ln_vocab": f"max {by} (grpo_entropy_mean / grpo_entropy_normalized)",
+        "grpo:entropy:baseline": f"max {by} ({series(p, 'grpo_entropy_baseline')})",
+        "grpo:ln_vocab": f"max {by} ({series(p, 'grpo_entropy_mean')} / {series(p, 'grpo_entropy_normalized')})",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
         # Each rank's busy time per step (its step time minus its wait in collectives), for stragglers.
-        "grpo:rank_busy_seconds:avg_w": (f"avg {_by(p, 'rank')} (avg_over_time(grpo_rank_step_time_seconds[{w}]))\n"
-                                         f"- avg {_by(p, 'rank')} (avg_over_time(grpo_rank_collective_wait_seconds[{w}]))"),
+        "grpo:rank_busy_seconds:avg_w": (f"avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_step_time_seconds')}[{w}]))\n"
+                                         f"- avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_collective_wait_seconds')}[{w}]))"),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
 
 
 def _aged(p: RuleParams, windows: int) -> str:
     """Present once the run has `windows` windows of history: detectors only judge full windows."""
-    return f"max {_by(p)} (grpo_step offset {duration(windows * p.window)})"
+    return f"max {_by(p)} ({series(p, 'grpo_step')} offset {duration(windows * p.window)})"
 
 
 def _verdict(cid: str, p: RuleParams) -> str:
     """The trainer's verdict: active now, or an episode begun within the last window (a one-step
     condition may fall between two scrapes; the counter does not)."""
-    return (f'max {_by(p)} (grpo_health_condition{{condition="{cid}"}}) == 1\n'
-            f'or sum {_by(p)} (increase(grpo_health_episodes_total{{condition="{cid}"}}[{duration(p.window)}])) > 0')
+    condition = f'condition="{cid}"'
+    return (f"max {_by(p)} ({series(p, 'grpo_health_condition', condition)}) == 1\n"
+            f"or sum {_by(p)} (increase({series(p, 'grpo_health_episodes_total', condition)}[{duration(p.window)}])) > 0")
 
 
 def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
     """row id -> (expr, summary, description). Each mirrors its detector in detectors.py."""
     t, w = p.thresholds, duration(p.window)
     flat = f"abs(grpo:reward_mean:gain_2w) < {_num(t.reward_drop * p.max_reward)}"
+    skipped = series(p, "grpo_updates_skipped_total", 'reason="nonfinite"')
     return {
         "adv_mean_drift": (
-            f"max {_by(p)} (abs(grpo_advantage_mean)) > {_num(t.adv_mean_tol)}",
+            f"max {_by(p)} (abs({series(p, 'grpo_advantage_mean')})) > {_num(t.adv_mean_tol)}",
             "advantage mean {{ $value }} != 0: an implementation bug",
             f"Per-sequence advantages must average to 0 within each group (tolerance {_num(t.adv_mean_tol)}); the last step's mean is {{{{ $value }}}}."),
         "nonfinite": (
-            f'round(sum {_by(p)} (increase(grpo_updates_skipped_total{{reason="nonfinite"}}[{w}]))) > 0',
+            f"round(sum {_by(p)} (increase({skipped}[{w}]))) > 0",
             "{{ $value }} update(s) skipped for NaN/Inf in the last " + w,
             f"Updates skipped because the loss or gradients were not finite: {{{{ $value }}}} in {w}; "
             f"{t.nonfinite_run} or more is critical."),
@@ -283,7 +248,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat."),
         "plateau_small_group": (
             f"grpo:frac_zero_std:avg_w >= {_num(t.small_group_zero)}\n"
-            f"and max {_by(p)} (grpo_group_size) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
+            f"and max {_by(p)} ({series(p, 'grpo_group_size')}) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
             "G <= " + str(t.small_group) + ": reward flat, {{ $value | humanizePercentage }} of groups without signal",
             f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
             "and the reward flat: group statistics are too noisy to learn from."),
@@ -383,7 +348,7 @@ def _dashboard(p: RuleParams) -> dict[str, str]:
                '| query }}{{ . | first | label "grpo_run_id" | urlquery }}{{ end }}')
     out = {}
     if p.grafana:
-        out["dashboard_url"] = f"{p.grafana.rstrip('/')}/d/grpo-health?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"
+        out["dashboard_url"] = f"{p.grafana.rstrip('/')}/d/{HEALTH_UID}?var-job={{{{ $labels.job | urlquery }}}}&var-run={run}"
     if p.langfuse:
         out["generations_url"] = f"{p.langfuse.rstrip('/')}/sessions/{run}"
     return out
@@ -420,24 +385,25 @@ def health_rules(p: RuleParams) -> list[dict]:
 
 def operational_rules(p: RuleParams) -> list[dict]:
     words = {anchor: (severity, cause, action) for anchor, severity, _, cause, action in OPERATIONAL}
+    failed = series(p, "grpo_runs_finished_total", 'status="failed"')
     specs = [
         ("GRPOTrainingStalled", "training-stalled",
-         f"time() - max {_by(p)} (grpo_step_last_timestamp_seconds) > {p.stall}", "1m",
+         f"time() - max {_by(p)} ({series(p, 'grpo_step_last_timestamp_seconds')}) > {p.stall}", "1m",
          "no training step for {{ $value | humanizeDuration }}",
          f"The last step completed {{{{ $value | humanizeDuration }}}} ago (threshold {duration(p.stall)})."),
         ("GRPOMetricsExportFailing", "metrics-export-failing",
-         f"sum {_by(p)} (increase(grpo_telemetry_export_failures_total[{duration(2 * p.window)}])) > 0",
+         f"sum {_by(p)} (increase({series(p, 'grpo_telemetry_export_failures_total')}[{duration(2 * p.window)}])) > 0",
          duration(2 * p.window), "OTLP metric exports failing ({{ $value }} recently)",
          "The trainer keeps training; metrics pushed over OTLP are being lost."),
         ("GRPOTracesDropped", "traces-dropped",
-         f"sum {_by(p, 'reason')} (increase(grpo_traces_dropped_total[{duration(2 * p.window)}])) > 0",
+         f"sum {_by(p, 'reason')} (increase({series(p, 'grpo_traces_dropped_total')}[{duration(2 * p.window)}])) > 0",
          duration(p.pending), "{{ $value }} Langfuse spans and scores dropped ({{ $labels.reason }})",
          f"Trace data not delivered to Langfuse in the last {duration(2 * p.window)}, reason `{{{{ $labels.reason }}}}` "
          "(unauthorized: check the keys; unreachable: the server or the network; queue_full: the trainer produces "
          "traces faster than they can be sent). Training is unaffected."),
         ("GRPORunFailed", "run-failed",
          f"sum by ({', '.join(x for x in p.group_by if x != 'run_id')}) "
-         f"(increase(grpo_runs_finished_total{{status=\"failed\"}}[{duration(2 * p.window)}])) > 0",
+         f"(increase({failed}[{duration(2 * p.window)}])) > 0",
          "0s", "a run failed ({{ $value }} recently)",
          "A run the daemon was training ended `failed`; the daemon has gone on with the next one. "
          "GET /v1/runs says which and why (its `error`), and its train.log has the rest."),
@@ -487,6 +453,3 @@ def render(p: RuleParams = RuleParams()) -> str:
               "see docs/runbook.md.\n")
     return header + yaml.dump(rules(p), Dumper=_Dumper, sort_keys=False, width=4096, allow_unicode=True)
 
-
-if __name__ == "__main__":
-    print(render(), end="")

@@ -23,8 +23,8 @@ Grafana's field names are those of its provisioning code (pkg/services/provision
 rules_types.go, AlertRuleGroupV1 / AlertRuleV1 / QueryV1, and values/values.go for the `$$`
 escape), read at commit 0085cf86 of grafana/grafana's main branch.
 
-`grpo-sentinel rules --format grafana [--set ...]` prints it; tests/test_grafana_alerting.py keeps
-deploy/grafana/grpo-alert-rules.yaml equal to the defaults.
+`grpo-sentinel rules --format grafana [--set ...]` prints it; `grpo-sentinel generate` writes the
+defaults to deploy/grafana/grpo-alert-rules.yaml.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields, replace
 
 import yaml
 
+from grpo_sentinel.telemetry import monitoring
 from grpo_sentinel.telemetry.health import rules as rulegen
 
 EXPR = "__expr__"  # the data source uid of Grafana's server-side expressions
@@ -72,10 +73,10 @@ def with_grafana_settings(settings: list[str]) -> tuple[GrafanaParams, list[str]
                 raise ValueError(f"org={value!r} is not an organisation id (a whole number >= 1)")
             g = replace(g, org=int(value))
         elif name == "interval":
-            seconds = rulegen.parse_duration(value)  # 60, 1m, 90s as for window=; Grafana takes 1m, 90s
+            seconds = monitoring.parse_duration(value)  # 60, 1m, 90s as for window=; Grafana takes 1m, 90s
             if seconds == 0 or seconds % 10:
                 raise ValueError(f"interval={value!r}: Grafana evaluates in multiples of 10 s (e.g. 30s, 1m)")
-            g = replace(g, interval=rulegen.duration(seconds))
+            g = replace(g, interval=monitoring.duration(seconds))
         elif name == "uid_prefix" and not re.fullmatch(r"[A-Za-z0-9_-]{1,12}", value):
             raise ValueError(f"uid_prefix={value!r}: 1 to 12 letters, digits, - or _ (a rule uid is at most 40)")
         elif not value.strip():
@@ -196,8 +197,10 @@ def _states(labels: dict[str, str]) -> tuple[str, str]:
 def rule(prom: dict, records: dict[str, str], g: GrafanaParams):
     """One Prometheus alerting rule as an SDK alerting.Rule (folder, org and group are the file's group's)."""
     # Imported here: the SDK is the `dashboards` extra, and `grpo-sentinel rules` (Prometheus) needs none.
-    from grafana_foundation_sdk.builders import alerting, expr as ex, prometheus
-    from grafana_foundation_sdk.models import alerting as am, dashboard as dm
+    from grafana_foundation_sdk.builders import alerting, prometheus
+    from grafana_foundation_sdk.builders import expr as ex
+    from grafana_foundation_sdk.models import alerting as am
+    from grafana_foundation_sdk.models import dashboard as dm
 
     threshold = split(prom["expr"])
     query_text = inline(threshold[0] if threshold else prom["expr"], records)
@@ -274,6 +277,3 @@ def render(p: rulegen.RuleParams = rulegen.RuleParams(), g: GrafanaParams = Graf
               f"evaluated every {g.interval}. Put it in Grafana's provisioning/alerting/ directory.\n")
     return header + yaml.dump(provisioning(p, g), Dumper=rulegen._Dumper, sort_keys=False, width=4096, allow_unicode=True)
 
-
-if __name__ == "__main__":
-    print(render(), end="")

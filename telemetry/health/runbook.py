@@ -1,20 +1,20 @@
-"""docs/runbook.md, generated: `python -m grpo_sentinel.telemetry.health.runbook > docs/runbook.md` (a test checks it).
+"""docs/runbook.md, generated (`grpo-sentinel generate`; telemetry/generated.py).
 
 One section per alert, from the health table (words), the rules (where the alert comes from) and
-the dashboard (which panels confirm it), so the page, the rule and the dashboard cannot disagree.
+the panels that show each row (monitoring.PANEL_ROWS, which the dashboard's descriptions read too),
+so the page, the rule and the dashboard cannot disagree.
 """
 
 from __future__ import annotations
 
-from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
 
 
 def _panels_reading() -> dict[str, list[str]]:
-    """Row id -> the dashboard panels whose description reads it (dashboard._read writes '-> <row> (')."""
-    panels = [p.build() for _, row in dashboard.panels() for p in row]
-    return {r.id: [p.title for p in panels if p.description and f"-> {r.id} (" in p.description] for r in TABLE}
+    """Row id -> the dashboard panels that show it, in the dashboard's order."""
+    return {r.id: [title for title, rows in PANEL_ROWS.items() if r.id in rows] for r in TABLE}
 
 
 def markdown() -> str:
@@ -56,6 +56,3 @@ def markdown() -> str:
             "`grpo-sentinel diagnose` reports, row by row.", ""]
     return "\n".join(out)
 
-
-if __name__ == "__main__":
-    print(markdown(), end="")
