@@ -220,3 +220,60 @@ def test_group_by_is_one_setting_used_by_every_rule(tmp_path, promtool):
     params = rulegen.with_settings(rulegen.RuleParams(), ["grafana=https://g", "group_by=job,instance"])
     url = rulegen.rules(params)["groups"][1]["rules"][0]["annotations"]["dashboard_url"]
     assert "target_info" in url and "$labels.run_id" not in url
+
+
+SELECTOR = 'namespace="ml", cluster=~"eu-.*"'
+RAW = re.compile(r"(?<![\w:])(grpo_[a-z0-9_]+|target_info)(?![\w:])(\{[^}]*\})?")
+
+
+def _unselected(exprs: list[str]) -> list[str]:
+    """Every read of an exported series that does not begin with SELECTOR's matchers."""
+    return [m.group(0) for e in exprs for m in RAW.finditer(e) if not (m.group(2) or "").startswith("{" + SELECTOR)]
+
+
+def test_one_monitoring_config_selects_every_series_of_the_rules_and_the_dashboards(tmp_path, promtool):
+    """kubernetes-mixin's config.libsonnet: one selector, grouping and window (telemetry/monitoring.py) for the
+    Prometheus rules, the Grafana rules and both dashboards; `--set` overrides it for each without a fork."""
+    from grpo_sentinel.telemetry import monitoring
+    from grpo_sentinel.telemetry.health import rules_grafana
+
+    settings = [f"selector={SELECTOR}", "window=10m", "group_by=namespace,job,instance,run_id"]
+    p = subprocess.run(cli("rules", *(a for s in settings for a in ("--set", s))), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    (tmp_path / "r.yml").write_text(p.stdout)
+    assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
+    params = rulegen.with_settings(rulegen.RuleParams(), settings)
+    rules = [r for g in yaml.safe_load(p.stdout)["groups"] for r in g["rules"]]
+    assert rules == [r for g in rulegen.rules(params)["groups"] for r in g["rules"]]
+    exprs = [r["expr"] for r in rules]
+    grafana = [r["data"][0]["model"]["expr"] for g in rules_grafana.groups(params) for r in g["rules"]]
+    m = monitoring.with_settings(monitoring.Monitoring(), settings)
+    boards = {name: dashboard.build(m) if name == "health" else dashboard.build_service(m) for name in ("health", "service")}
+    panel_exprs = [e for b in boards.values() for _, e in dashboard.queries(b) if "ALERTS" not in e]
+    variables = [v["query"] for b in boards.values() for v in b["templating"]["list"] if v["type"] == "query"]
+    assert len(exprs) > 60 and len(panel_exprs) > 40 and len(variables) == 3
+    assert not _unselected(exprs + grafana + panel_exprs + variables)
+    assert _unselected(rulegen.render().splitlines())  # the check sees an unselected read
+    assert "[10m]" in p.stdout and "[5m]" not in p.stdout
+    for b in boards.values():  # the moving means default to the rules' window
+        window = next(v for v in b["templating"]["list"] if v["name"] == "window")
+        assert window["query"].split(",")[0] == "10m" and sorted(window["query"].split(",")) == sorted(
+            "10m,1m,2m,5m,30m,1h".split(","))
+    cmd = subprocess.run(cli("dashboard", "service", *(a for s in settings for a in ("--set", s))),
+                         capture_output=True, text=True)
+    assert cmd.returncode == 0 and cmd.stdout == dashboard.render("service", m)
+    bad = subprocess.run(cli("dashboard", "--set", "selector=namespace=ml"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "give PromQL label matchers" in bad.stderr and not bad.stdout
+
+
+def test_the_panels_said_to_show_a_row_exist_and_say_how_to_read_it():
+    """monitoring.PANEL_ROWS is what the dashboard's descriptions and the runbook's "confirm on the dashboard"
+    both read: every title there is a panel, every row a table row, written into that panel's description."""
+    from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
+
+    panels = [p for p in dashboard.build()["panels"] if p["type"] != "row"]
+    rows = {r.id for r in TABLE}
+    for title, shown in PANEL_ROWS.items():
+        assert set(shown) <= rows, (title, set(shown) - rows)
+        for row in shown:
+            assert [p for p in panels if p["title"] == title and f"-> {row} (" in p["description"]], (title, row)
