@@ -28,9 +28,10 @@ from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, PANEL_ROWS, Monitoring, duration, series, with_settings
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-# Every query's selector: the run chosen above. Every exported series carries the run id as its
-# run_id label, so consecutive runs of one trainer (the daemon runs many on one pod) never mix, and a
-# resumed run that came back on another pod is still one run: no instance selector is needed.
+# Every query's selector, after the monitoring config's own (Monitoring.selector): the run chosen
+# above. Every exported series carries the run id as its run_id label, so consecutive runs of one
+# trainer (the daemon runs many on one pod) never mix, and a resumed run that came back on another
+# pod is still one run: no instance selector is needed.
 RUN = 'job=~"$job", run_id="$run"'
 
 # Where the run's generations open in Langfuse: the trace exporter uses the run id as the Langfuse

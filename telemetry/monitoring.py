@@ -20,14 +20,16 @@ HEALTH_UID = "grpo-health"  # the health dashboard's uid: alerts link /d/<uid>?v
 
 @dataclass(frozen=True)
 class Monitoring:
-    window: int = 300  # s: the detectors' `window` of steps, in time (5 min: 20 steps of 15 s); the dashboards' $window
+    # s: the detectors' `window` of steps, in time (5 min: 20 steps of 15 s); the dashboards' $window default
+    window: int = 300
     pending: int = 120  # s a condition must hold before it fires (`for:`); window means already smooth the noise
     stall: int = 900  # s without a completed step before GRPOTrainingStalled
     # The labels every rule aggregates by (kubernetes-mixin style): one run of one trainer. run_id
     # keeps consecutive runs of the daemon on one pod apart in every window.
     group_by: tuple[str, ...] = ("job", "instance", "run_id")
-    # Label matchers every rule and panel adds to every series it reads, e.g. namespace="ml" (with
-    # namespace in group_by, so that the alerts carry it too): one grpo-sentinel among others.
+    # Label matchers every rule and panel adds to every exported series it reads, e.g. namespace="ml":
+    # one grpo-sentinel among others. Put the label in group_by too, so that the alerts carry it (the
+    # service dashboard's ALERTS panel selects by job alone: an alert has only the group_by labels).
     selector: str = ""
 
 
