@@ -3,7 +3,11 @@ no module reaches itself again, and telemetry/ never imports service/."""
 
 import ast
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
 
 # The installed package names of the repository's folders (pyproject.toml's package-dir).
 FOLDERS = {"grpo_sentinel.service": REPO / "service", "grpo_sentinel.telemetry": REPO / "telemetry",
