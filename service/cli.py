@@ -226,7 +226,12 @@ def _generate(args) -> int:
     from grpo_sentinel.service.daemon.app import openapi_json
     from grpo_sentinel.telemetry import generated
 
-    files = [*generated.telemetry_files(), generated.Generated("docs/openapi.json", openapi_json, "service/daemon/app.py")]
+    try:
+        files = generated.telemetry_files()
+    except ImportError as e:  # the dashboards' SDK: a checkout installs it with the test extra
+        print(f"grpo-sentinel generate: {e.name} is missing: pip install -e '.[test]'", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    files.append(generated.Generated("docs/openapi.json", openapi_json, "service/daemon/app.py"))
     return generated.main(files, args.check, args.root)
 
 
