@@ -35,7 +35,8 @@ def worker(variant: str, steps: int, tmp: Path) -> list[float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_sentinel.integrations.trl import SentinelCallback
-    from grpo_sentinel.service.demo import addition_examples, demo_model_dir
+    from grpo_sentinel.service.data import addition_examples
+    from grpo_sentinel.service.demo import demo_model_dir
 
     rows = [{"prompt": e.prompt, "answer": e.answer} for e in addition_examples()]
 

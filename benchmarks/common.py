@@ -46,7 +46,7 @@ def model_dir(setting: str, tmp: Path) -> Path:
 def dataset() -> Path:
     """The demo problems as JSONL with the prompt exactly as the model sees it ("12+34="), so both
     trainers tokenise the same text."""
-    from grpo_sentinel.service.demo import addition_examples
+    from grpo_sentinel.service.data import addition_examples
 
     path = Path(tempfile.gettempdir()) / "grpo-sentinel-bench-addition-v2.jsonl"
     if not path.exists():

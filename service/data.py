@@ -23,6 +23,21 @@ class Example:
     source: str = ""  # "file:line" of the row, for errors that point at it
 
 
+def is_unseen(a: int, b: int) -> bool:
+    """The demo's held-out tenth: its warm-up never sees these problems."""
+    return (a * 7 + b * 13) % 10 == 0  # a fixed, well-spread tenth of all (a, b)
+
+
+def addition_examples(unseen: bool | None = None) -> list[Example]:
+    """All problems 'a+b=' with 0 <= a, b < 100; `unseen` selects the warm-up-free tenth or the rest."""
+    return [
+        Example(f"{a}+{b}=", str(a + b))
+        for a in range(100)
+        for b in range(100)
+        if unseen is None or is_unseen(a, b) == unseen
+    ]
+
+
 @dataclass(frozen=True)
 class Datasets:
     train: list[Example]
@@ -33,8 +48,6 @@ class Datasets:
 def load_datasets(cfg: DataSettings, seed: int) -> Datasets:
     notes: list[str] = []
     if cfg.path == DEMO:
-        from grpo_sentinel.service.demo import addition_examples
-
         # Held-out problems come from the tenth the demo's warm-up never saw (no prompt repeats).
         seen, unseen = addition_examples(unseen=False), addition_examples(unseen=True)
         rows, eligible = seen + unseen, range(len(seen), len(seen) + len(unseen))

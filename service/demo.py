@@ -25,7 +25,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_sentinel.service.data import Example
+from grpo_sentinel.service.data import Example, addition_examples
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +35,6 @@ SPEC = {  # everything that determines the cached model; changing it rebuilds th
                   intermediate_size=512, max_position_embeddings=32, tie_word_embeddings=True),
     "warmup": dict(steps=800, batch_size=128, lr=3e-3, lr_warmup=30, seed=0),  # ~25 % greedy, ~90 s
 }
-
-
-def _is_unseen(a: int, b: int) -> bool:
-    return (a * 7 + b * 13) % 10 == 0  # a fixed, well-spread tenth of all (a, b)
-
-
-def addition_examples(unseen: bool | None = None) -> list[Example]:
-    """All problems 'a+b=' with 0 <= a, b < 100; `unseen` selects the warm-up-free tenth or the rest."""
-    return [
-        Example(f"{a}+{b}=", str(a + b))
-        for a in range(100)
-        for b in range(100)
-        if unseen is None or _is_unseen(a, b) == unseen
-    ]
 
 
 def cache_root() -> Path:

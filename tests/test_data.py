@@ -30,11 +30,11 @@ def test_heldout_is_fixed_by_seed_and_disjoint(tmp_path):
 
 
 def test_demo_heldout_never_seen_by_the_warmup():
-    from grpo_sentinel.service.demo import _is_unseen
+    from grpo_sentinel.service.data import is_unseen
 
     ds = load_datasets(DataSettings(), seed=0)
     assert len(ds.heldout) == 200
-    assert all(_is_unseen(*map(int, e.prompt.rstrip("=").split("+"))) for e in ds.heldout)
+    assert all(is_unseen(*map(int, e.prompt.rstrip("=").split("+"))) for e in ds.heldout)
 
 
 def test_batch_sampler_is_a_pure_function_of_cursor():

@@ -84,7 +84,6 @@ def test_the_checker_finds_a_circle():
 # one of these gone (delete its line then), so that the list stays true until it is empty.
 KNOWN = [
     ["grpo_sentinel.service.cli", "grpo_sentinel.service.client"],  # `runs follow` prints with cli.Progress
-    ["grpo_sentinel.service.data", "grpo_sentinel.service.demo"],  # the demo's examples (config/data/demo)
 ]
 
 

@@ -19,7 +19,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def rows(n: int, offset: int = 0) -> list[dict]:
-    from grpo_sentinel.service.demo import addition_examples
+    from grpo_sentinel.service.data import addition_examples
 
     return [{"prompt": e.prompt, "answer": e.answer} for e in addition_examples()[offset:offset + n]]
 
