@@ -301,8 +301,11 @@ def length_capped(rng):
     return s
 
 
-# Healthy families held out from every threshold choice: the false-page rate is reported on them
-# (benchmarks/bench_lead_time.py, docs/lead-time.md), never tuned on them.
+# Healthy families with realistic noise. The four below were first held out (issue 22), then seen
+# failing, and the loss rows and no_progress were changed on them: they are now part of the fit
+# set (FIT_HEALTHY, seeds 0-299). The false-page rate is reported on REPORT_HEALTHY: other shapes
+# of the same four kinds of noise, written before any detector was run on them, on seeds 1000-1299
+# (benchmarks/bench_lead_time.py --only calibration, docs/lead-time.md).
 
 
 def healthy_t3_loss(rng):
@@ -336,7 +339,55 @@ def healthy_noisy_eval(rng):
     return s
 
 
-HELD_OUT_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
+def _plateau(rng, flat: int, tau: float):
+    t = np.arange(N, dtype=float)
+    return _with_p(rng, np.where(t < flat, 0.2, 0.2 + 0.4 * (1 - np.exp(-(t - flat) / tau))))
+
+
+def report_t3_growing(rng):
+    """Student t (3 dof) loss noise on a scale growing threefold over the run, exponentially."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_t(3, N)) * np.exp(np.log(3) * np.arange(N) / N)
+    return s
+
+
+def report_t3_noisy(rng):
+    """Student t (3 dof) loss noise five times larger, the KL term a quarter: the loss is mostly noise."""
+    s = _healthy(rng)
+    s["loss"] = 0.01 * s["kl"] + 0.01 * rng.standard_t(3, N)
+    return s
+
+
+def report_growing_x10(rng):
+    """A loss scale growing tenfold over the run, quadratically (slow first, fast at the end)."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * (1 + 9 * (np.arange(N) / N) ** 2)
+    return s
+
+
+def report_plateau_60(rng):
+    """The reward flat for 60 steps, then rising fast."""
+    return _plateau(rng, 60, 50.0)
+
+
+def report_plateau_150(rng):
+    """The reward flat for 150 steps (half the run), then rising slowly."""
+    return _plateau(rng, 150, 120.0)
+
+
+def report_noisy_eval_30(rng):
+    """Evaluated every 10 steps on 30 problems."""
+    s = _healthy(rng)
+    s["sample_acc"][:] = np.nan
+    s["sample_acc"][9::10] = rng.binomial(30, s["_acc_true"][9::10]) / 30
+    s["_eval_n"] = np.array([30.0])
+    return s
+
+
+SEEN_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
+REPORT_HEALTHY = (report_t3_growing, report_t3_noisy, report_growing_x10, report_plateau_60, report_plateau_150,
+                  report_noisy_eval_30)
+FIT_SEEDS, REPORT_SEEDS = range(0, 300), range(1000, 1300)
 
 
 # generator -> (conditions that must fire, conditions that must not)
@@ -374,6 +425,7 @@ ZOO = {
     length_capped: ({"length_capped"}, set()),
 }
 HEALTHY = (healthy, healthy_format, healthy_optimizer)
+FIT_HEALTHY = HEALTHY + SEEN_HEALTHY
 FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose, no_progress, kl_offset)  # no onset: there all along
 
 
