@@ -29,8 +29,8 @@ TRAINER_SIDE = {
                         "a time window holds an unknown, varying number of evaluation points",
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "
                       "its training-side half is a CUSUM (as correctness_drop)",
-    "loss_blowup": "it counts updates whose |loss| exceeds the run's early maximum, a distribution-free bound only the "
-                   "trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many",
+    "loss_blowup": "it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a "
+                   "distribution-free bound over every update, in a sequential test; a scrape sees one update in many",
     "entropy_drift": "a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between "
                      "evaluations",
     "length_drift": "a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series "
