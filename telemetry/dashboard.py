@@ -120,7 +120,7 @@ def panels() -> list[tuple[str, list]]:
     ]
     reward = [
         _timeseries("Reward", "Mean combined reward per step and its $window moving average. Never read it alone: "
-                    + _read("reward_saturated", "plateau_grader_loose", "kl_runaway"),
+                    + _read("reward_saturated", "plateau_grader_loose", "kl_runaway", "no_progress"),
                     [_q(_sel("grpo_reward_mean"), "reward"), _q(_ma("grpo_reward_mean"), "moving mean")]),
         _timeseries("Held-out accuracy vs reward",
                     "sample_acc on the fixed held-out set (sampled and greedy) against the reward and the verifier's "
@@ -134,11 +134,17 @@ def panels() -> list[tuple[str, list]]:
     ]
     kl_loss = [
         _timeseries("KL to the reference", "Token-mean k3 KL per step and its moving mean (absent when beta = 0). "
-                    + _read("kl_runaway", "kl_dominant", "plateau_kl_flat"),
+                    + _read("kl_runaway", "kl_dominant", "plateau_kl_flat", "kl_offset"),
                     [_q(_sel("grpo_kl_mean"), "kl"), _q(_ma("grpo_kl_mean"), "moving mean")]),
         _timeseries("Loss", "The loss actually back-propagated; exactly 0 on a step without signal. "
-                    + _read("loss_spike", "kl_only_learning"),
+                    + _read("loss_spike", "loss_blowup", "kl_only_learning"),
                     [_q(_sel("grpo_loss"), "loss"), _q(_ma("grpo_loss"), "moving mean")]),
+        _timeseries("Gradient norm", "Total gradient norm before clipping. " + _read("grad_norm_spike", "zero_gradient"),
+                    [_q(_sel("grpo_grad_norm"), "grad norm"), _q(_ma("grpo_grad_norm"), "moving mean")]),
+        _timeseries("Ratio clip", "Fraction of tokens where the ratio clip was active (both sides; the trainer's monitor "
+                    "reads the upper and lower sides apart). " + _read("clip_imbalance"),
+                    [_q(_sel("grpo_clip_fraction"), "clipped"), _q(_ma("grpo_clip_fraction"), "moving mean")],
+                    "percentunit", 0),
     ]
     entropy = [
         _timeseries("Entropy", "Token-mean entropy (nats, un-tempered), its moving mean and the run's early baseline "
@@ -160,8 +166,13 @@ def panels() -> list[tuple[str, list]]:
                     + _read("length_pathology"),
                     [_q(f"sum by (correct) (rate({_sel('grpo_completion_length_sum')}[$window])) / "
                         f"sum by (correct) (rate({_sel('grpo_completion_length_count')}[$window]))", "correct={{correct}}")]),
-        _timeseries("Truncation", "Fraction of completions that hit max_new_tokens, and its moving mean.",
+        _timeseries("Truncation", "Fraction of completions that hit max_new_tokens, and its moving mean. "
+                    + _read("length_capped"),
                     [_q(_sel("grpo_truncation_rate"), "truncated"), _q(_ma("grpo_truncation_rate"), "moving mean")],
+                    "percentunit", 0, 1),
+        _timeseries("Repetition", "Mean over completions of the share of a completion's word 4-grams that repeat an "
+                    "earlier one (seq-rep-4). " + _read("repetition"),
+                    [_q(_sel("grpo_repetition_rate"), "repeated 4-grams"), _q(_ma("grpo_repetition_rate"), "moving mean")],
                     "percentunit", 0, 1),
     ]
     distributions = [

@@ -301,6 +301,15 @@ def length_capped(rng):
     return s
 
 
+def repetition(rng):
+    """From the onset a growing share of completions fall into loops (seq-rep-4 ~0.7 each, ~0.02 for the
+    others): the step's mean, over 64 completions, passes 0.3 ~80 steps in; the accuracy falls from 80 steps in."""
+    s = _with_p(rng, _decline(0.6, 0.2, 80))
+    looping = rng.binomial(P * G, np.clip(_ramp(0.0, 0.8), 0, 1)) / (P * G)
+    s["repetition"] = np.clip(0.7 * looping + 0.02 * (1 - looping) + 0.005 * rng.standard_normal(N), 0, 1)
+    return s
+
+
 # Healthy families with realistic noise. The four below were first held out (issue 22), then seen
 # failing, and the loss rows and no_progress were changed on them: they are now part of the fit
 # set (FIT_HEALTHY, seeds 0-299). The false-page rate is reported on REPORT_HEALTHY: other shapes
@@ -423,6 +432,7 @@ ZOO = {
     grad_norm_spike: ({"grad_norm_spike"}, {"critical"}),
     clip_imbalance: ({"clip_imbalance"}, {"critical"}),
     length_capped: ({"length_capped"}, set()),
+    repetition: ({"repetition"}, set()),
 }
 HEALTHY = (healthy, healthy_format, healthy_optimizer)
 FIT_HEALTHY = HEALTHY + SEEN_HEALTHY

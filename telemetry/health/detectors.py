@@ -85,6 +85,7 @@ class Thresholds:
     clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
+    repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
@@ -92,7 +93,7 @@ class Thresholds:
 _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
              "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
              "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
-             "clip_imbalance_min", "truncation_capped")
+             "clip_imbalance_min", "truncation_capped", "repetition")
 _ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
@@ -949,9 +950,24 @@ def length_capped(c: _Ctx) -> None:
     c.fire("length_capped", c.full(c.w) & (t >= c.th.truncation_capped) & ~_reward_rising(c), what, gap=c.w)
 
 
+def repetition(c: _Ctx) -> None:
+    """Completions repeating themselves: the window mean of the step's seq-rep-4 (the trainer's
+    `repetition`: per completion, the share of its word 4-grams that repeat an earlier one) at
+    `repetition` (0.3) or more. Welleck et al. (2019) measure ~0.01 on human text and ~0.4 on the
+    greedy loops of a likelihood-trained LM: 0.3 is far above any prose and below a loop. A level,
+    as the rule reads it (grpo:repetition_rate:avg_w)."""
+    if not c.need("repetition", "repetition"):
+        return
+    r = c.ma("repetition")
+    c.fire("repetition", c.full(c.w) & (r >= c.th.repetition),
+           lambda i, j: f"{100 * np.nanmax(r[i:j + 1]):.0f} % of the completions' word 4-grams repeat an earlier one "
+                        f"({c.w}-step mean; threshold {100 * c.th.repetition:.0f} %)", gap=c.w)
+
+
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
-             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped]
+             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped,
+             repetition]
 
 
 # ---------------------------------------------------------------------------------------------

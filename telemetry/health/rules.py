@@ -101,7 +101,7 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
                    "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min",
-                   "truncation_capped", "kl_growth")
+                   "truncation_capped", "kl_growth", "repetition")
 
 
 _DURATIONS = ("window", "pending", "stall")  # RuleParams fields in seconds, set as 300, 90s, 5m, 1h
@@ -222,6 +222,7 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:entropy:baseline": f"max {by} (grpo_entropy_baseline)",
         "grpo:ln_vocab": f"max {by} (grpo_entropy_mean / grpo_entropy_normalized)",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
+        "grpo:repetition_rate:avg_w": avg("grpo_repetition_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
@@ -349,6 +350,11 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "{{ $value | humanizePercentage }} of completions cut at max_new_tokens",
             f"The truncation rate over {w} is {{{{ $value | humanizePercentage }}}} (threshold {_num(t.truncation_capped)}): "
             "almost no completion ends, cut answers are not graded, and the gradient heads to 0."),
+        "repetition": (
+            f"grpo:repetition_rate:avg_w >= {_num(t.repetition)} and {_aged(p, 1)}",
+            "{{ $value | humanizePercentage }} of the completions' 4-grams repeat: degenerate loops",
+            f"The completions' mean seq-rep-4 over {w} is {{{{ $value | humanizePercentage }}}} (threshold "
+            f"{_num(t.repetition)}): a share of each completion's word 4-grams that repeat an earlier one far above prose."),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'
