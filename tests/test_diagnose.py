@@ -166,7 +166,11 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     assert log.format == "sentinel" and len(log) == 30
     assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200
     assert log.ln_vocab == pytest.approx(np.log(15), rel=1e-3)
-    assert not [c for c in diagnose(log).conditions if c.severity == "critical"]
+    d = diagnose(log)
+    assert not [c for c in d.conditions if c.severity == "critical"]
+    # The trainer's repetition rate (seq-rep-4 of its completion texts) is in the record and judged.
+    rep = log.series["repetition"]
+    assert log.has("repetition") and "repetition" not in d.not_assessable and ((0 <= rep) & (rep <= 1)).all()
 
 
 def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):

@@ -24,7 +24,6 @@ distribution-free test instead: exceedances of its early maximum.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -373,18 +372,23 @@ def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     rows compare with the recent past, not with the first steps. A step without signal has loss
     exactly 0: it says nothing of the scale. Per block, not per row: one median per `loss_window` rows."""
     lw = c.th.loss_window
-    a = np.abs(c.s["loss"])
-    a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
-    head = int(c.row[0] % lw) if c.n else 0  # rows of the first block that lie before these rows
-    nb = -(-(head + c.n) // lw)
-    blocks = np.concatenate([np.full(head, np.nan), a, np.full(nb * lw - head - c.n, np.nan)]).reshape(nb, lw)
-    complete = np.ones(nb, dtype=bool)
-    complete[0] &= head == 0
-    complete[-1] &= (head + c.n) % lw == 0
-    count = np.isfinite(blocks).sum(1).astype(float)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a block without one non-zero loss: NaN, as meant
-        med, top = np.nanmedian(blocks, 1), np.nanmax(blocks, 1)
+    if "loss_blocks" not in c._ma:
+        a = np.abs(c.s["loss"])
+        a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
+        head = int(c.row[0] % lw) if c.n else 0  # rows of the first block that lie before these rows
+        nb = -(-(head + c.n) // lw)
+        blocks = np.sort(np.concatenate([np.full(head, np.nan), a, np.full(nb * lw - head - c.n, np.nan)]).reshape(nb, lw), 1)
+        count = np.isfinite(blocks).sum(1)  # [nb]; the NaNs sort last
+        k = np.maximum(count, 1)[:, None]
+        mid = np.take_along_axis(blocks, np.concatenate([(k - 1) // 2, k // 2], 1), 1).mean(1)  # the median
+        top = np.take_along_axis(blocks, k - 1, 1)[:, 0]
+        complete = np.ones(nb, dtype=bool)
+        complete[0] &= head == 0
+        complete[-1] &= (head + c.n) % lw == 0
+        c._ma["loss_blocks"] = (count.astype(float), np.where(count > 0, mid, np.nan), np.where(count > 0, top, np.nan),
+                                complete)
+    count, med, top, complete = c._ma["loss_blocks"]
+    nb = len(count)
     ref = np.maximum(c.row // lw - lag, 0) - (c.row[0] // lw if c.n else 0)  # [N] index into the blocks
     ok = (ref >= 0) & complete[np.clip(ref, 0, nb - 1)]
     pick = lambda v: np.where(ok, v[np.clip(ref, 0, nb - 1)], np.nan)
