@@ -7,7 +7,10 @@ below its running peak (detectors.damage_step). Lead = damage step - first criti
 
 - fixtures: the two real book runs (tests/fixtures/book-runs, MATH-500, n = 500);
 - zoo: the simulated pathologies of tests/zoo.py over many seeds, with their known onset and damage
-  (the noise-free accuracy's), and 300 healthy runs of each healthy family for the false-page rate;
+  (the noise-free accuracy's), and 300 healthy runs of each healthy family for the false-page rate,
+  printed separately for the fit set (the families and seeds the detectors were designed and
+  checked on: zoo.FIT_HEALTHY, seeds 0-299; pathology seeds 0-19) and the report set (never used
+  to choose anything: zoo.REPORT_HEALTHY, seeds 1000-1299; pathology seeds 1000-1019);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.

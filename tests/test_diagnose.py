@@ -39,10 +39,12 @@ def test_zoo_pathologies_fire_after_their_onset(gen):
     assert all(step >= zoo.ONSET - 5 for step in firsts.values()), firsts
 
 
-@pytest.mark.parametrize("gen", zoo.HEALTHY, ids=lambda g: g.__name__)
+@pytest.mark.parametrize("gen", zoo.FIT_HEALTHY, ids=lambda g: g.__name__)
 def test_no_critical_page_on_300_healthy_runs(gen):
-    """The false-page budget: not one critical verdict on 300 simulated healthy runs (with and
-    without an auxiliary format reward); warnings stay rare (fewer than 1 per 10,000 steps)."""
+    """The false-page budget on the fit set: not one critical verdict on 300 simulated healthy runs of
+    each family (with and without an auxiliary format reward, a heavy-tailed or growing loss, a
+    plateau before the rise, noisy evaluations); warnings stay rare (fewer than 1 per 10,000 steps).
+    The report set (zoo.REPORT_HEALTHY) is measured by benchmarks/bench_lead_time.py, not held here."""
     critical, warnings = [], 0
     for seed in range(300):
         for c in diagnose(zoo.make(gen, seed)).conditions:
