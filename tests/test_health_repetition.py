@@ -1,11 +1,12 @@
-"""The repetition row: seq-rep-4 per completion (Welleck et al. 2019), computed by our trainer from its
-completion texts, the step's mean in the record, and the detector reading it."""
+"""The repetition row: seq-rep-4 per completion (Welleck et al. 2019), computed from the completion texts
+(by our trainer, and by the TRL callback from what its wrapped reward functions see), the step's mean in
+the record, and the detector reading it."""
 
 import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.service.grpo.step import repetition_rate
+from grpo_sentinel.telemetry.stats import repetition_rate
 from grpo_sentinel.telemetry.health.detectors import diagnose
 
 

@@ -19,6 +19,7 @@ from grpo_sentinel.service.grpo import math as gm
 from grpo_sentinel.service.grpo.rollout import Rollout, completion_logits, sample
 from grpo_sentinel.service.rewards import RewardScorer, Scores
 from grpo_sentinel.telemetry.schema import RankStats, Samples, StepStats
+from grpo_sentinel.telemetry.stats import repetition_rate
 
 
 @dataclass
@@ -180,17 +181,6 @@ def _completion_logits(model, roll: Rollout, c: slice) -> torch.Tensor:
     """Logits that predict each completion token: [b, T, V], each group's prompt computed once (rollout.py)."""
     with lora.fused(model):  # one autograd node per LoRA projection instead of peft's five (see lora.py)
         return completion_logits(model, roll, c)
-
-
-def repetition_rate(text: str, n: int = 4) -> float:
-    """seq-rep-n of one completion (Welleck et al. 2019, "Neural text degeneration with unlikelihood
-    training"): the share of its word n-grams that repeat an earlier n-gram of the same completion,
-    1 - distinct / total. 0 for a completion with no n-gram (fewer than n words: nothing to repeat).
-    Words, not tokens: a loop reads the same in any tokenizer. Human text repeats ~1 % of its 4-grams,
-    greedy decoding of a likelihood-trained LM ~40 % (ibid.)."""
-    words = text.split()
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
-    return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSettings, model, loss: float,
