@@ -299,6 +299,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150, help="steps of each induced run")
     ap.add_argument("--healthy-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=2, help="induced runs in parallel")
+    ap.add_argument("--logs", type=Path, default=REPO.parent / "shared" / "wild",
+                    help="where the real corpus's fetched logs lie (benchmarks/bench_wild.py --logs)")
     ap.add_argument("--json", type=Path, help="also write every number as JSON here")
     ap.add_argument("--keep", type=Path, help="keep the induced runs' directories here (default: a temporary folder)")
     ap.add_argument("--rescore", type=Path, metavar="DIR", help="no training: score the induced runs kept in DIR (--keep) "
@@ -328,6 +330,10 @@ def main() -> None:
         print_false_pages(fp, "fit set")
         report["false_pages_report"] = fp_report = false_pages(zoo.REPORT_HEALTHY, zoo.REPORT_SEEDS[:runs])
         print_false_pages(fp_report, "report set")
+        from benchmarks import bench_wild
+
+        report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))
+        print(f"  report set: the real corpus (benchmarks/bench_wild.py, logs from {args.logs}): {bench_wild.summary(corpus)}")
         print()
     if "induced" in args.only:
         rows = rescore(args.rescore) if args.rescore else induced(args.steps, args.healthy_seeds, args.jobs, args.keep)
