@@ -7,13 +7,16 @@ below its running peak (detectors.damage_step). Lead = damage step - first criti
 
 - fixtures: the two real book runs (tests/fixtures/book-runs, MATH-500, n = 500);
 - zoo: the simulated pathologies of tests/zoo.py over many seeds, with their known onset and damage
-  (the noise-free accuracy's), and 300 healthy runs of each healthy family for the false-page rate;
+  (the noise-free accuracy's), and 300 healthy runs of each healthy family for the false-page rate,
+  printed separately for the fit set (the families and seeds the detectors were designed and
+  checked on: zoo.FIT_HEALTHY, seeds 0-299; pathology seeds 0-19) and the report set (never used
+  to choose anything: zoo.REPORT_HEALTHY, seeds 1000-1299; pathology seeds 1000-1019);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
 
     python benchmarks/bench_lead_time.py                      # everything (induced runs: ~6 min on 2 cores)
-    python benchmarks/bench_lead_time.py --only fixtures zoo  # seconds
+    python benchmarks/bench_lead_time.py --only fixtures zoo  # ~1 min: the fit set and the report set
     python benchmarks/bench_lead_time.py --only induced --steps 150 --jobs 2
 """
 
@@ -64,7 +67,10 @@ def fixtures() -> list[dict]:
 # Zoo
 
 
-def zoo_table(seeds: int) -> list[dict]:
+SLOW = ("loss_blowup", "kl_acceleration", "entropy_drift", "length_drift", "format_hacking")
+
+
+def zoo_table(seeds) -> list[dict]:
     import zoo
 
     rows = []
@@ -72,7 +78,7 @@ def zoo_table(seeds: int) -> list[dict]:
         if gen in zoo.HEALTHY:
             continue
         fw, fc, wl, cl, dmg, onset = [], [], [], [], None, None
-        for seed in range(seeds):
+        for seed in seeds:
             onset, dmg = zoo.truth(gen, seed)
             log = zoo.make(gen, seed)
             lead = lead_time(diagnose(log), log)
@@ -83,35 +89,60 @@ def zoo_table(seeds: int) -> list[dict]:
                 cl.append(dmg - fc[-1])
         med = lambda xs: float(np.nanmedian(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
         lo = lambda xs: float(np.nanmin(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+        mean = lambda xs: float(np.nanmean(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
         rows.append({"pathology": gen.__name__, "onset": onset, "damage": dmg, "first_warning": med(fw),
                      "first_critical": med(fc), "warning_lead": med(wl), "warning_lead_min": lo(wl),
-                     "lead": med(cl), "lead_min": lo(cl), "seeds": seeds})
+                     "lead": med(cl), "lead_min": lo(cl), "lead_mean": mean(cl), "seeds": len(seeds),
+                     "critical_before_damage": int(np.sum(np.asarray(cl) > 0)) if cl else 0})
     return rows
 
 
-def false_pages(runs: int = 300, held_out: bool = False) -> list[dict]:
-    """Conditions on healthy runs: the families the tests hold the thresholds to (zoo.HEALTHY), or
-    the held-out ones no threshold was chosen on (zoo.HELD_OUT_HEALTHY), with the rows that fired."""
+def false_pages(families, seeds) -> list[dict]:
+    """Conditions on healthy runs of `families` over `seeds`, with the rows that fired."""
     import zoo
 
     out = []
-    for gen in (zoo.HELD_OUT_HEALTHY if held_out else zoo.HEALTHY):
+    for gen in families:
         rows: dict[str, int] = {}
-        warnings = criticals = steps = 0
-        for seed in range(runs):
+        warnings = criticals = steps = paged = 0
+        for seed in seeds:
             log = zoo.make(gen, seed)
             steps += len(log)
-            found = diagnose(log).conditions
-            for c in found:
-                warnings += c.severity == "warning"
-                criticals += c.severity == "critical"
-            for cid in {f"{c.id} ({c.severity})" for c in found if c.severity != "info"}:
+            found = [c for c in diagnose(log).conditions if c.severity != "info"]
+            warnings += sum(c.severity == "warning" for c in found)
+            criticals += sum(c.severity == "critical" for c in found)
+            paged += bool(found)
+            for cid in {f"{c.id} ({c.severity})" for c in found}:
                 rows[cid] = rows.get(cid, 0) + 1
-        paged = sum(1 for seed in range(runs) if any(c.severity != "info" for c in diagnose(zoo.make(gen, seed)).conditions))
-        out.append({"family": gen.__name__, "runs": runs, "steps": steps, "warnings": warnings, "criticals": criticals,
+        out.append({"family": gen.__name__, "runs": len(seeds), "steps": steps, "warnings": warnings, "criticals": criticals,
                     "warnings_per_1000": 1000 * warnings / steps, "criticals_per_1000": 1000 * criticals / steps,
                     "runs_paged": paged, "runs_by_row": rows})
     return out
+
+
+def print_zoo(rows: list[dict], label: str) -> None:
+    print(f"zoo, {label} ({rows[0]['seeds']} seeds; medians, min in brackets) {'onset':>6} {'damage':>6} {'1st warn':>8} "
+          f"{'1st crit':>8} {'warn lead':>11} {'lead':>11}")
+    for r in rows:
+        print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
+              f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
+              f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
+    slow = [r for r in rows if r["pathology"] in SLOW]
+    print(f"  slow pathologies ({label}): critical before the damage on "
+          f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
+          + ", ".join(f"{r['pathology']} {fmt(r['lead_mean'])}" for r in slow)
+          + f"; over all {fmt(float(np.mean([r['lead_mean'] for r in slow if r['lead_mean'] is not None])))} (target >= 20)")
+
+
+def print_false_pages(rows: list[dict], label: str) -> None:
+    for r in rows:
+        print(f"  {label}: {r['family']:22} {r['runs']} runs, {r['steps']:,} steps: {r['warnings']} warnings "
+              f"({r['warnings_per_1000']:.3f} / 1,000 steps), {r['criticals']} critical "
+              f"({r['criticals_per_1000']:.3f} / 1,000 steps); runs paged {r['runs_paged']} "
+              f"({100 * r['runs_paged'] / r['runs']:.1f} %) {r['runs_by_row'] or ''}")
+    runs = sum(r["runs"] for r in rows)
+    print(f"  {label}, all: {sum(r['criticals'] for r in rows)} critical; runs paged "
+          f"{100 * sum(r['runs_paged'] for r in rows) / runs:.1f} % of {runs} (target: 0 critical, <= 2 %)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +299,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150, help="steps of each induced run")
     ap.add_argument("--healthy-seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=2, help="induced runs in parallel")
+    ap.add_argument("--logs", type=Path, default=REPO.parent / "shared" / "wild",
+                    help="where the real corpus's fetched logs lie (benchmarks/bench_wild.py --logs)")
     ap.add_argument("--json", type=Path, help="also write every number as JSON here")
     ap.add_argument("--keep", type=Path, help="keep the induced runs' directories here (default: a temporary folder)")
     ap.add_argument("--rescore", type=Path, metavar="DIR", help="no training: score the induced runs kept in DIR (--keep) "
@@ -283,21 +316,24 @@ def main() -> None:
                   f"{fmt(r['warning_lead']):>9}")
         print()
     if "zoo" in args.only:
-        report["zoo"] = rows = zoo_table(args.seeds)
-        print(f"zoo ({args.seeds} seeds; medians, min in brackets) {'onset':>6} {'damage':>6} {'1st warn':>8} {'1st crit':>8} "
-              f"{'warn lead':>11} {'lead':>11}")
-        for r in rows:
-            print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
-                  f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
-                  f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
-        report["false_pages"] = fp = false_pages(args.healthy_runs)
-        report["false_pages_held_out"] = fp_held = false_pages(args.healthy_runs, held_out=True)
-        for label, rows_ in (("", fp), ("held out: ", fp_held)):
-            for r in rows_:
-                print(f"  {label}healthy {r['family']:22} {r['runs']} runs, {r['steps']:,} steps: {r['warnings']} warnings "
-                      f"({r['warnings_per_1000']:.3f} / 1,000 steps), {r['criticals']} critical "
-                      f"({r['criticals_per_1000']:.3f} / 1,000 steps); runs paged {r['runs_paged']} "
-                      f"({100 * r['runs_paged'] / r['runs']:.1f} %) {r['runs_by_row'] or ''}")
+        import zoo
+
+        # The fit set: the families and seeds the thresholds and the detectors' designs were chosen on.
+        # The report set: other shapes of the same kinds of noise and other seeds, never used to choose
+        # anything (tests/zoo.py says which is which; docs/lead-time.md what was fitted on what).
+        report["zoo"] = fit = zoo_table(range(args.seeds))
+        print_zoo(fit, "fit set, seeds 0-%d" % (args.seeds - 1))
+        report["zoo_report"] = held = zoo_table(range(1000, 1000 + args.seeds))
+        print_zoo(held, "report set, seeds 1000-%d" % (999 + args.seeds))
+        runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
+        report["false_pages"] = fp = false_pages(zoo.FIT_HEALTHY, zoo.FIT_SEEDS[:runs])
+        print_false_pages(fp, "fit set")
+        report["false_pages_report"] = fp_report = false_pages(zoo.REPORT_HEALTHY, zoo.REPORT_SEEDS[:runs])
+        print_false_pages(fp_report, "report set")
+        from benchmarks import bench_wild
+
+        report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))
+        print(f"  report set: the real corpus (benchmarks/bench_wild.py, logs from {args.logs}): {bench_wild.summary(corpus)}")
         print()
     if "induced" in args.only:
         rows = rescore(args.rescore) if args.rescore else induced(args.steps, args.healthy_seeds, args.jobs, args.keep)

@@ -119,9 +119,15 @@ def report(results: list[Result], verbose: bool) -> dict:
             print(f"  miss: the authors' failure is read by {', '.join(r.causes)}; none paged")
         if verbose:
             print("\n".join(f"  note: {n}" for n in r.notes))
+    totals = tally(results)
+    print(f"\ntotal: {summary(totals)}")
+    return totals
+
+
+def tally(results: list[Result]) -> dict:
     scored = [r for r in results if r.agrees is not None]
     present = [r for r in results if not r.absent]
-    totals = {
+    return {
         "logs": len(results),
         "absent": sum(r.absent for r in results),
         "refused": sum(bool(r.refused) for r in results),
@@ -133,10 +139,12 @@ def report(results: list[Result], verbose: bool) -> dict:
         "failures": sum(r.expect == "failure" for r in present),
         "missed_failures": sum(not r.agrees for r in present if r.expect == "failure"),
     }
-    print(f"\ntotal: {totals['logs']} logs ({totals['absent']} absent), {totals['refused']} refused, {totals['could_not_judge']} could not be judged; "
-          f"agreement {totals['agree']}/{totals['scored']} scored; critical pages on healthy runs "
-          f"{totals['critical_on_healthy']}/{totals['healthy']}; failures missed {totals['missed_failures']}/{totals['failures']}")
-    return totals
+
+
+def summary(t: dict) -> str:
+    return (f"{t['logs']} logs ({t['absent']} absent), {t['refused']} refused, {t['could_not_judge']} could not be judged; "
+            f"agreement {t['agree']}/{t['scored']} scored; critical pages on healthy runs {t['critical_on_healthy']}/"
+            f"{t['healthy']}; failures missed {t['missed_failures']}/{t['failures']}")
 
 
 def evaluate(corpus: Path = CORPUS, logs: Path = LOGS) -> list[Result]:

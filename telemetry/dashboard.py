@@ -144,6 +144,12 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                     [_q(_sel(m, "grpo_kl_mean"), "kl"), _q(_ma(m, "grpo_kl_mean"), "moving mean")]),
         _timeseries("Loss", "The loss actually back-propagated; exactly 0 on a step without signal.",
                     [_q(_sel(m, "grpo_loss"), "loss"), _q(_ma(m, "grpo_loss"), "moving mean")]),
+        _timeseries("Gradient norm", "Total gradient norm before clipping.",
+                    [_q(_sel(m, "grpo_grad_norm"), "grad norm"), _q(_ma(m, "grpo_grad_norm"), "moving mean")]),
+        _timeseries("Ratio clip", "Fraction of tokens where the ratio clip was active (both sides; the trainer's monitor "
+                    "reads the upper and lower sides apart).",
+                    [_q(_sel(m, "grpo_clip_fraction"), "clipped"), _q(_ma(m, "grpo_clip_fraction"), "moving mean")],
+                    "percentunit", 0),
     ]
     entropy = [
         _timeseries("Entropy", "Token-mean entropy (nats, un-tempered), its moving mean and the run's early baseline "
@@ -166,6 +172,10 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                         f"sum by (correct) (rate({_sel(m, 'grpo_completion_length_count')}[$window]))", "correct={{correct}}")]),
         _timeseries("Truncation", "Fraction of completions that hit max_new_tokens, and its moving mean.",
                     [_q(_sel(m, "grpo_truncation_rate"), "truncated"), _q(_ma(m, "grpo_truncation_rate"), "moving mean")],
+                    "percentunit", 0, 1),
+        _timeseries("Repetition", "Mean over completions of the share of a completion's word 4-grams that repeat an "
+                    "earlier one (seq-rep-4).",
+                    [_q(_sel(m, "grpo_repetition_rate"), "repeated 4-grams"), _q(_ma(m, "grpo_repetition_rate"), "moving mean")],
                     "percentunit", 0, 1),
     ]
     distributions = [

@@ -112,13 +112,17 @@ def series(m: Monitoring, metric: str, matchers: str = "") -> str:
 # the panels under each row's "confirm on the dashboard".
 PANEL_ROWS: dict[str, tuple[str, ...]] = {
     "Skipped updates": ("nonfinite",),
-    "Reward": ("reward_saturated", "plateau_grader_loose", "kl_runaway"),
+    "Reward": ("reward_saturated", "plateau_grader_loose", "kl_runaway", "no_progress"),
     "Held-out accuracy vs reward": ("reward_hacking", "late_degradation", "plateau_grader_loose"),
     "Groups without signal": ("signal_vanished", "kl_dominant", "plateau_small_group"),
-    "KL to the reference": ("kl_runaway", "kl_dominant", "plateau_kl_flat"),
-    "Loss": ("loss_spike", "kl_only_learning"),
+    "KL to the reference": ("kl_runaway", "kl_dominant", "plateau_kl_flat", "kl_offset"),
+    "Loss": ("loss_spike", "loss_blowup", "kl_only_learning"),
+    "Gradient norm": ("grad_norm_spike", "zero_gradient"),
+    "Ratio clip": ("clip_imbalance",),
     "Entropy": ("entropy_collapse", "exploration"),
     "Entropy / ln V": ("entropy_blowup",),
     "Advantage mean": ("adv_mean_drift",),
     "Completion length": ("length_pathology",),
+    "Truncation": ("length_capped",),
+    "Repetition": ("repetition",),
 }

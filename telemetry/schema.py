@@ -123,6 +123,7 @@ class StepStats:
     response_len_correct: float  # NaN if none correct
     response_len_wrong: float  # NaN if none wrong
     truncation_rate: float  # fraction that hit max_new_tokens without EOS
+    repetition: float  # mean over completions of seq-rep-4: the share of a completion's word 4-grams repeating an earlier one
     clip_frac: float  # fraction of tokens where the ratio clip was active
     grad_norm: float  # total norm before clipping
     lr: float

@@ -39,10 +39,12 @@ def test_zoo_pathologies_fire_after_their_onset(gen):
     assert all(step >= zoo.ONSET - 5 for step in firsts.values()), firsts
 
 
-@pytest.mark.parametrize("gen", zoo.HEALTHY, ids=lambda g: g.__name__)
+@pytest.mark.parametrize("gen", zoo.FIT_HEALTHY, ids=lambda g: g.__name__)
 def test_no_critical_page_on_300_healthy_runs(gen):
-    """The false-page budget: not one critical verdict on 300 simulated healthy runs (with and
-    without an auxiliary format reward); warnings stay rare (fewer than 1 per 10,000 steps)."""
+    """The false-page budget on the fit set: not one critical verdict on 300 simulated healthy runs of
+    each family (with and without an auxiliary format reward, a heavy-tailed or growing loss, a
+    plateau before the rise, noisy evaluations); warnings stay rare (fewer than 1 per 10,000 steps).
+    The report set (zoo.REPORT_HEALTHY) is measured by benchmarks/bench_lead_time.py, not held here."""
     critical, warnings = [], 0
     for seed in range(300):
         for c in diagnose(zoo.make(gen, seed)).conditions:
@@ -57,15 +59,15 @@ def test_no_critical_page_on_300_healthy_runs(gen):
                                  zoo.format_hacking], ids=lambda g: g.__name__)
 def test_slow_pathologies_are_warned_before_the_damage(gen):
     """Their damage (noise-free held-out accuracy 10 % below its peak) comes tens of steps after the
-    onset: the leading indicator warns before it (the median over 10 seeds ahead of it, no seed more
-    than 10 steps late) and never before the onset."""
+    onset: the leading indicator pages (a warning, or a critical with no warning before it) before it
+    (the median over 10 seeds ahead of it, no seed more than 10 steps late) and never before the onset."""
     leads = []
     for seed in range(10):
         onset, damage = zoo.truth(gen, seed)
         # A scenario whose reward is flat by construction (entropy_drift) also, rightly, gets no_progress from
         # its fifth window on: that warning is about the run before the onset, not a lead on its pathology.
         first = min((c.first_step for c in diagnose(zoo.make(gen, seed)).conditions
-                     if c.severity == "warning" and c.id != "no_progress"), default=None)
+                     if c.severity in ("warning", "critical") and c.id != "no_progress"), default=None)
         assert damage is not None and first is not None, seed
         assert first >= onset - 5, (seed, first)
         leads.append(damage - first)
@@ -76,25 +78,27 @@ def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
     on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,
     once the two-point mean is 3.5 SE below its peak (44.8 % -> 35.8 % at step 450).
-    Its loss goes from single digits to thousands after step ~230: loss_spike; and before that its
-    |loss| leaves its early range on update after update: loss_blowup, critical, before the damage
-    (held-out accuracy 10 % below its peak at the step-250 evaluation)."""
+    Its loss goes from single digits to thousands over steps ~150-300, an order of magnitude per ~50
+    steps: its |loss| leaves the range of the block 51-149 steps before on update after update:
+    loss_blowup, critical, before the damage (held-out accuracy beyond its noise below its peak at the
+    step-300 evaluation). No single update is 100x the median of the 50 before it (the median climbs
+    with the loss): not a spike."""
     log = load(PLAIN)
     log.eval_n = 500
     diag = diagnose(log)
     found = diag.conditions
     late = [c for c in found if c.id == "late_degradation"]
     assert late and late[0].severity == "critical" and 250 <= late[0].first_step <= 450
-    spikes = [c for c in found if c.id == "loss_spike"]
-    assert any(c.first_step <= 260 and c.last_step >= 400 for c in spikes)
+    blowup = [c for c in found if c.id == "loss_blowup"]
+    assert len(blowup) == 1 and blowup[0].first_step <= 250 and blowup[0].last_step == 500
     # and its completions run to the cap (the fixture's README: "often pins at 1024"): length_capped
     assert {c.id for c in found if c.severity == "critical"} == {"late_degradation", "loss_blowup", "length_capped"}
     lead = lead_time(diag, log)
     # Damage needs the fall beyond the noise of two evaluations: at n = 500 and a 46 % peak, 2 x sqrt(2 x .46 x .54 / 500)
     # = 6.3 points. Step 250 is 10 % below the peak but within that; step 300 is the first beyond it. The evaluations
-    # are 50 steps apart, so the damage lies in (250, 300] and the page at 227 came 24 to 73 steps before it.
+    # are 50 steps apart, so the damage lies in (250, 300] and the page at 237 came 14 to 63 steps before it.
     assert (lead.damage_step, lead.critical, lead.resolution, lead.proxy) == (300, "loss_blowup", 50, False)
-    assert lead.lead_range == (300 - 227 - 50 + 1, 300 - 227) and lead.first_warning < lead.first_critical, lead
+    assert lead.lead_range == (300 - 237 - 50 + 1, 300 - 237) and lead.first_warning > lead.first_critical, lead
     assert "sample_acc looked like a percentage (max > 1): divided by 100" in log.notes
     assert any("max_new_tokens = 1024" in n for n in log.notes)  # the cap, from lengths piling up at 1024
 
@@ -164,7 +168,11 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     assert log.format == "sentinel" and len(log) == 30
     assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200
     assert log.ln_vocab == pytest.approx(np.log(15), rel=1e-3)
-    assert not [c for c in diagnose(log).conditions if c.severity == "critical"]
+    d = diagnose(log)
+    assert not [c for c in d.conditions if c.severity == "critical"]
+    # The trainer's repetition rate (seq-rep-4 of its completion texts) is in the record and judged.
+    rep = log.series["repetition"]
+    assert log.has("repetition") and "repetition" not in d.not_assessable and ((0 <= rep) & (rep <= 1)).all()
 
 
 def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):

@@ -43,6 +43,7 @@ def input_series(log: RunLog, entropy_baseline: float, run_id: str = "zoo") -> l
         "grpo_entropy_baseline": np.full(n, entropy_baseline), "grpo_advantage_mean": s["adv_mean"],
         'grpo_frac_zero_std{outcome="any"}': s["frac_zero_std"], "grpo_train_accuracy": acc,
         "grpo_truncation_rate": s["truncation_rate"], "grpo_group_size": np.full(n, g),
+        **({"grpo_repetition_rate": s["repetition"]} if log.has("repetition") else {}),
         # counters: cumulative sums of per-step increments
         'grpo_updates_skipped_total{reason="nonfinite"}': np.cumsum(s["_nonfinite"]),
     }
@@ -103,4 +104,4 @@ def test_promql_alerts_equal_the_diagnosis_on_the_zoo(tmp_path, promtool):
     # The comparison covers the PromQL rows, not just the quiet ones.
     promql_rows = {r.id for r in TABLE} - set(TRAINER_SIDE)
     assert expected_any == promql_rows, promql_rows - expected_any  # every PromQL row fires somewhere in the zoo
-    assert len(promql_rows) == 16
+    assert len(promql_rows) == 17

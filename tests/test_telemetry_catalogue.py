@@ -23,7 +23,7 @@ def fixed_step() -> StepStats:
     return StepStats(step=7, reward=0.5, kl=0.0835, loss=-0.25, entropy=0.45, entropy_norm=0.45 / np.log(15),
                      adv_mean=0.0, adv_std=0.9998, frac_zero_std=0.0, frac_zero_std_correct=0.0,
                      frac_zero_std_wrong=0.0, train_acc=0.5, response_len=3.25, response_len_correct=2.0,
-                     response_len_wrong=4.5, truncation_rate=0.25, clip_frac=0.0, grad_norm=0.5, lr=1e-3,
+                     response_len_wrong=4.5, truncation_rate=0.25, repetition=0.125, clip_frac=0.0, grad_norm=0.5, lr=1e-3,
                      step_time=0.2, tokens_per_s=65.0, invalid_rewards=0, reward_components={"correct": 0.5},
                      samples=samples)
 
@@ -74,6 +74,7 @@ def test_exposition_golden():
     assert 'grpo_advantage_abs_bucket{le="1.0"} 8.0' in lines_of(text, "grpo_advantage_abs_bucket")
     # signed values as gauges, exactly as given
     assert lines_of(text, "grpo_loss") == ["grpo_loss{} -0.25"]
+    assert lines_of(text, "grpo_repetition_rate") == ["grpo_repetition_rate{} 0.125"]
     assert lines_of(text, "grpo_frac_zero_std") == [
         'grpo_frac_zero_std{outcome="any"} 0.0', 'grpo_frac_zero_std{outcome="all_correct"} 0.0',
         'grpo_frac_zero_std{outcome="all_wrong"} 0.0']

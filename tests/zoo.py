@@ -301,8 +301,20 @@ def length_capped(rng):
     return s
 
 
-# Healthy families held out from every threshold choice: the false-page rate is reported on them
-# (benchmarks/bench_lead_time.py, docs/lead-time.md), never tuned on them.
+def repetition(rng):
+    """From the onset a growing share of completions fall into loops (seq-rep-4 ~0.7 each, ~0.02 for the
+    others): the step's mean, over 64 completions, passes 0.3 ~80 steps in; the accuracy falls from 80 steps in."""
+    s = _with_p(rng, _decline(0.6, 0.2, 80))
+    looping = rng.binomial(P * G, np.clip(_ramp(0.0, 0.8), 0, 1)) / (P * G)
+    s["repetition"] = np.clip(0.7 * looping + 0.02 * (1 - looping) + 0.005 * rng.standard_normal(N), 0, 1)
+    return s
+
+
+# Healthy families with realistic noise. The four below were first held out (issue 22), then seen
+# failing, and the loss rows and no_progress were changed on them: they are now part of the fit
+# set (FIT_HEALTHY, seeds 0-299). The false-page rate is reported on REPORT_HEALTHY: other shapes
+# of the same four kinds of noise, written before any detector was run on them, on seeds 1000-1299
+# (benchmarks/bench_lead_time.py --only calibration, docs/lead-time.md).
 
 
 def healthy_t3_loss(rng):
@@ -336,7 +348,55 @@ def healthy_noisy_eval(rng):
     return s
 
 
-HELD_OUT_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
+def _plateau(rng, flat: int, tau: float):
+    t = np.arange(N, dtype=float)
+    return _with_p(rng, np.where(t < flat, 0.2, 0.2 + 0.4 * (1 - np.exp(-(t - flat) / tau))))
+
+
+def report_t3_growing(rng):
+    """Student t (3 dof) loss noise on a scale growing threefold over the run, exponentially."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_t(3, N)) * np.exp(np.log(3) * np.arange(N) / N)
+    return s
+
+
+def report_t3_noisy(rng):
+    """Student t (3 dof) loss noise five times larger, the KL term a quarter: the loss is mostly noise."""
+    s = _healthy(rng)
+    s["loss"] = 0.01 * s["kl"] + 0.01 * rng.standard_t(3, N)
+    return s
+
+
+def report_growing_x10(rng):
+    """A loss scale growing tenfold over the run, quadratically (slow first, fast at the end)."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * (1 + 9 * (np.arange(N) / N) ** 2)
+    return s
+
+
+def report_plateau_60(rng):
+    """The reward flat for 60 steps, then rising fast."""
+    return _plateau(rng, 60, 50.0)
+
+
+def report_plateau_150(rng):
+    """The reward flat for 150 steps (half the run), then rising slowly."""
+    return _plateau(rng, 150, 120.0)
+
+
+def report_noisy_eval_30(rng):
+    """Evaluated every 10 steps on 30 problems."""
+    s = _healthy(rng)
+    s["sample_acc"][:] = np.nan
+    s["sample_acc"][9::10] = rng.binomial(30, s["_acc_true"][9::10]) / 30
+    s["_eval_n"] = np.array([30.0])
+    return s
+
+
+SEEN_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
+REPORT_HEALTHY = (report_t3_growing, report_t3_noisy, report_growing_x10, report_plateau_60, report_plateau_150,
+                  report_noisy_eval_30)
+FIT_SEEDS, REPORT_SEEDS = range(0, 300), range(1000, 1300)
 
 
 # generator -> (conditions that must fire, conditions that must not)
@@ -372,8 +432,10 @@ ZOO = {
     grad_norm_spike: ({"grad_norm_spike"}, {"critical"}),
     clip_imbalance: ({"clip_imbalance"}, {"critical"}),
     length_capped: ({"length_capped"}, set()),
+    repetition: ({"repetition"}, set()),
 }
 HEALTHY = (healthy, healthy_format, healthy_optimizer)
+FIT_HEALTHY = HEALTHY + SEEN_HEALTHY
 FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose, no_progress, kl_offset)  # no onset: there all along
 
 

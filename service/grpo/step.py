@@ -19,6 +19,7 @@ from grpo_sentinel.service.grpo import math as gm
 from grpo_sentinel.service.grpo.rollout import Rollout, completion_logits, sample
 from grpo_sentinel.service.rewards import RewardScorer, Scores
 from grpo_sentinel.telemetry.schema import RankStats, Samples, StepStats
+from grpo_sentinel.telemetry.stats import repetition_rate
 
 
 @dataclass
@@ -212,6 +213,7 @@ def _stats(step: int, scores: Scores, per_seq: np.ndarray, G: int, cfg: GRPOSett
         response_len_correct=float(length[correct].mean()) if correct.any() else math.nan,
         response_len_wrong=float(length[~correct].mean()) if (~correct).any() else math.nan,
         truncation_rate=float(truncated.mean()),
+        repetition=float(np.mean([repetition_rate(t) for t in texts["completions"]])),
         clip_frac=clip_frac,
         grad_norm=grad_norm,
         lr=lr,

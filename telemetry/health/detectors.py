@@ -41,9 +41,8 @@ class Thresholds:
     nonfinite_run: int = 3  # consecutive non-finite steps that make it critical
     saturated: float = 0.95  # correctness reward / its maximum, window mean
     zero_signal: float = 0.9  # frac_zero_std, window mean
-    loss_rolling_factor: float = 10.0  # |loss| vs the mean |loss| of the previous `loss_window` steps
-    loss_baseline_factor: float = 100.0  # |loss| vs the median |loss| of the first `loss_window` steps
-    loss_window: int = 50
+    loss_spike_factor: float = 100.0  # |loss| vs the median |loss| of the `loss_window` steps before (see loss_spike)
+    loss_window: int = 50  # steps of a loss reference block (the loss rows compare with earlier blocks)
     acc_decline_se: float = 3.5  # accuracy decline (2-point means) that counts, in standard errors
     acc_lookback: int = 10  # eval points the peak is taken over (the max of ever more points drifts up)
     acc_noise_floor: float = 0.03  # smallest accuracy decline that counts, whatever n is
@@ -79,12 +78,13 @@ class Thresholds:
     kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
     kl_growth: float = 2.0  # kl_runaway needs the KL this multiple of the run's own early KL: a KL that starts high
     # (an SFT start measured against the base model) and stays there is kl_offset
-    no_progress_windows: int = 5  # windows of history before "the reward never rose" is judged
+    no_progress_windows: int = 10  # windows of history before "the reward never rose" is judged (see no_progress)
     no_progress_z: float = 3.0  # the rise that counts, in standard errors of a difference of two window means
     grad_spike: float = 10.0  # gradient norm this multiple of the median of the previous `loss_window` steps
     clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
+    repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
@@ -92,8 +92,8 @@ class Thresholds:
 _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
              "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
              "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
-             "clip_imbalance_min", "truncation_capped")
-_ABOVE_ONE = ("loss_rolling_factor", "loss_baseline_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
+             "clip_imbalance_min", "truncation_capped", "repetition")
+_ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
            "correctness_lookback": 1, "no_progress_windows": 2}
@@ -136,7 +136,7 @@ def early_steps(th: Thresholds) -> int:
 
 def lookback(th: Thresholds) -> int:
     """Rows before a step that any detector reads (the online monitor keeps this many, and the early rows)."""
-    return max(6 * th.window, th.loss_window + 1, early_steps(th)) + 2
+    return max(6 * th.window, 3 * th.loss_window, early_steps(th)) + 2  # loss_blowup's reference: 2-3 blocks back
 
 
 @dataclass(frozen=True)
@@ -364,62 +364,88 @@ def signal_vanished(c: _Ctx) -> None:
     c.fire("signal_vanished", c.full(c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
 
 
-def _loss_early(c: _Ctx):
-    """(count, median, max) of the non-zero |loss| over the first `loss_window` steps: the loss's own
-    early scale and range (a step without signal has loss exactly 0: it says nothing of the scale)."""
-    def stats(rows):
-        a = np.abs(c.s["loss"][rows])
-        a = a[np.isfinite(a) & (a > 0)]
-        return (len(a), float(np.median(a)), float(a.max())) if len(a) else (0, math.nan, math.nan)
-    return c.early("loss_early", c.th.loss_window, stats)
+def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, median, max) of the non-zero |loss| in a reference block, at every row: the run's rows cut
+    into blocks of `loss_window` steps (by absolute row, so the monitor's tail cuts them as the whole
+    log does), and row t in block b reads block max(b - lag, 0). NaN where that block is not complete
+    in these rows. The loss's scale moves over a healthy run (longer completions, a warm-up): its
+    rows compare with the recent past, not with the first steps. A step without signal has loss
+    exactly 0: it says nothing of the scale. Per block, not per row: one median per `loss_window` rows."""
+    lw = c.th.loss_window
+    if "loss_blocks" not in c._ma:
+        a = np.abs(c.s["loss"])
+        a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
+        head = int(c.row[0] % lw) if c.n else 0  # rows of the first block that lie before these rows
+        nb = -(-(head + c.n) // lw)
+        blocks = np.sort(np.concatenate([np.full(head, np.nan), a, np.full(nb * lw - head - c.n, np.nan)]).reshape(nb, lw), 1)
+        count = np.isfinite(blocks).sum(1)  # [nb]; the NaNs sort last
+        k = np.maximum(count, 1)[:, None]
+        mid = np.take_along_axis(blocks, np.concatenate([(k - 1) // 2, k // 2], 1), 1).mean(1)  # the median
+        top = np.take_along_axis(blocks, k - 1, 1)[:, 0]
+        complete = np.ones(nb, dtype=bool)
+        complete[0] &= head == 0
+        complete[-1] &= (head + c.n) % lw == 0
+        c._ma["loss_blocks"] = (count.astype(float), np.where(count > 0, mid, np.nan), np.where(count > 0, top, np.nan),
+                                complete)
+    count, med, top, complete = c._ma["loss_blocks"]
+    nb = len(count)
+    ref = np.maximum(c.row // lw - lag, 0) - (c.row[0] // lw if c.n else 0)  # [N] index into the blocks
+    ok = (ref >= 0) & complete[np.clip(ref, 0, nb - 1)]
+    pick = lambda v: np.where(ok, v[np.clip(ref, 0, nb - 1)], np.nan)
+    return pick(count), pick(med), pick(top)
 
 
 def loss_spike(c: _Ctx) -> None:
+    """One update whose |loss| is `loss_spike_factor` (100) times the median |loss| of the block before:
+    two orders of magnitude over the loss's recent scale, which a median tracks and one spike does
+    not move. Why 100: the GRPO loss is heavy-tailed; for a Student t with 3 degrees of freedom (the
+    heaviest tail with a finite variance worth assuming) P(|T| > 100 x its median |T|) = 5e-6 a step,
+    one false warning in 200,000 steps; 10x, the earlier factor, is 5e-3 a step (27 % of healthy
+    300-step runs warned, docs/lead-time.md)."""
     if not c.need("loss_spike", "loss"):
         return
     a = np.abs(c.s["loss"])
-    scale = np.where(a > 0, a, np.nan)
-    lw = c.th.loss_window
-    prev = _shift(moving_average(scale, lw), 1)  # mean |loss| of the previous window, excluding this step
-    early = _loss_early(c)
-    base = early[1] if early and early[0] >= lw // 5 else np.nan
-    after = c.row >= lw
-    mask = after & ((a > c.th.loss_rolling_factor * prev) | (a > c.th.loss_baseline_factor * base))
-    c.fire("loss_spike", mask, lambda i, j: f"|loss| up to {np.nanmax(a[i:j + 1]):.3g} vs an early median of {base:.3g}", gap=c.w)
+    n, med, _ = _loss_blocks(c, 1)
+    mask = (c.row >= c.th.loss_window) & (n >= 5) & (a > c.th.loss_spike_factor * med)
+    c.fire("loss_spike", mask, lambda i, j: f"|loss| up to {np.nanmax(a[i:j + 1]):.3g}, over {c.th.loss_spike_factor:g}x "
+                                            f"the median {np.nanmin(med[i:j + 1]):.3g} of the {c.th.loss_window} steps before", gap=c.w)
 
 
 def loss_blowup(c: _Ctx) -> None:
     """Sustained, not one spike: a Bernoulli CUSUM on 'this update's |loss| is above T', where T is
-    the larger of the early maximum and `loss_blowup_factor` (10) x the early median.
+    the larger of a reference block's maximum and `loss_blowup_factor` (10) x its median; the
+    reference is the block two before the update's own (`loss_window` = 50 steps a block, so 51-149
+    steps back): a blow-up is the loss's scale growing an order of magnitude within ~100 steps, a
+    drift a healthy run does not make (a scale growing fivefold over 300 steps is 1.7x per 100).
 
-    Under 'nothing changed' a new |loss| exceeds the maximum of the n0 early non-zero values with
-    probability 1/(n0+1) whatever its distribution (exchangeability), so p0 = 1/(n0+1) bounds the
+    Under 'nothing changed' a new |loss| exceeds the maximum of the n0 non-zero values of the block
+    with probability 1/(n0+1) whatever its distribution (exchangeability), so p0 = 1/(n0+1) bounds the
     exceedance rate of T; the test is built to detect a share p1 = `loss_blowup_share` (half the
     updates). Its log-likelihood ratio accumulates log(p1/p0) per exceedance and log((1-p1)/(1-p0))
     per other non-zero update; by Wald's bound it alarms by chance at most once in e^h updates,
     h = ln(`loss_blowup_arl`) = ln 1e5 = 11.5. Steps with loss exactly 0 carry no information."""
     if not c.need("loss_blowup", "loss"):
         return
-    early = _loss_early(c)
-    if early is None or early[0] < 5:
-        if early is not None:
-            c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
+    n0, med, top = _loss_blocks(c, 2)
+    if c.offset == 0 and c.n >= c.th.loss_window and n0[c.th.loss_window - 1] < 5:
+        c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
         return
-    n0, med, top = early
-    limit = max(top, c.th.loss_blowup_factor * med)
-    p0, p1 = 1 / (n0 + 1), max(c.th.loss_blowup_share, 2 / (n0 + 1))
+    limit = np.fmax(top, c.th.loss_blowup_factor * med)
+    p0 = 1 / (n0 + 1)
+    p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
-    informative = (c.row >= c.th.loss_window) & np.isfinite(a) & (a > 0)
-    inc = np.where(informative, np.where(a > limit, math.log(p1 / p0), math.log((1 - p1) / (1 - p0))), 0.0)
+    informative = (c.row >= c.th.loss_window) & (n0 >= 5) & np.isfinite(a) & (a > 0)
+    inc = np.where(informative, np.where(a > limit, np.log(p1 / p0), np.log((1 - p1) / (1 - p0))), 0.0)
     s = c.cusum("loss_blowup", inc)
     h = math.log(c.th.loss_blowup_arl)
 
     def evidence(i, j):
         k = max(0, i - c.w)
-        over = int(np.sum(a[k:j + 1] > limit))
-        return (f"|loss| above {limit:.3g} ({c.th.loss_blowup_factor:g}x its early median {med:.3g}, above its early "
-                f"maximum {top:.3g}) at {over} of the updates in steps {int(c.steps[k])}-{int(c.steps[j])}, up to "
-                f"{np.nanmax(a[i:j + 1]):.3g}; sequential test {np.nanmax(s[i:j + 1]):.1f} >= {h:.1f}")
+        over = int(np.sum(a[k:j + 1] > limit[k:j + 1]))
+        return (f"|loss| above {limit[i]:.3g} (the larger of {c.th.loss_blowup_factor:g}x the median {med[i]:.3g} and the "
+                f"maximum {top[i]:.3g} of the {c.th.loss_window}-step block two before) at {over} of the updates in steps "
+                f"{int(c.steps[k])}-{int(c.steps[j])}, up to {np.nanmax(a[i:j + 1]):.3g}; sequential test "
+                f"{np.nanmax(s[i:j + 1]):.1f} >= {h:.1f}")
 
     c.fire("loss_blowup", s >= h, evidence, gap=c.w)
 
@@ -827,8 +853,12 @@ def no_progress(c: _Ctx) -> None:
     """The reward never rose beyond its noise above its early level, whatever the KL (a run can learn
     nothing with a KL that moves). Early level: the mean of the first window; noise: its early
     step-to-step sd; the best w-mean since must stand `no_progress_z` (3) standard errors of a
-    difference of two w-means above it. Judged once the run has `no_progress_windows` (5) windows. A
-    reward at its maximum from the start is reward_saturated, not this."""
+    difference of two w-means above it. Judged once the run has `no_progress_windows` (10) windows: a
+    policy often learns the output format first, with its correctness flat for a first stretch, and
+    5 windows (100 steps at the default) paged 99 % of simulated runs flat for 100 steps and rising
+    after (tests/zoo.py `healthy_plateau_rise`; docs/lead-time.md says this was fitted on it). The
+    condition ends for good once the reward rises beyond its noise. A reward at its maximum from the
+    start is reward_saturated, not this."""
     if not c.need("no_progress", "reward"):
         return
     r, w = c.s["reward"], c.w
@@ -924,9 +954,24 @@ def length_capped(c: _Ctx) -> None:
     c.fire("length_capped", c.full(c.w) & (t >= c.th.truncation_capped) & ~_reward_rising(c), what, gap=c.w)
 
 
+def repetition(c: _Ctx) -> None:
+    """Completions repeating themselves: the window mean of the step's seq-rep-4 (the trainer's
+    `repetition`: per completion, the share of its word 4-grams that repeat an earlier one) at
+    `repetition` (0.3) or more. Welleck et al. (2019) measure ~0.01 on human text and ~0.4 on the
+    greedy loops of a likelihood-trained LM: 0.3 is far above any prose and below a loop. A level,
+    as the rule reads it (grpo:repetition_rate:avg_w)."""
+    if not c.need("repetition", "repetition"):
+        return
+    r = c.ma("repetition")
+    c.fire("repetition", c.full(c.w) & (r >= c.th.repetition),
+           lambda i, j: f"{100 * np.nanmax(r[i:j + 1]):.0f} % of the completions' word 4-grams repeat an earlier one "
+                        f"({c.w}-step mean; threshold {100 * c.th.repetition:.0f} %)", gap=c.w)
+
+
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
-             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped]
+             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped,
+             repetition]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "response_len_wrong": ("response_len_wrong",),
     "truncation_rate": ("truncation_rate", "completions/clipped_ratio", "response_length/clip_ratio", "clipped_ratio",
                         "truncated_ratio", "length/cap_hit_rate"),
+    "repetition": ("repetition",),  # ours: seq-rep-4 per completion, the step's mean
     "clip_frac": ("clip_frac", "actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio", "pg_clipfrac"),
     "clip_low": ("clip_low", "clip_ratio/low_mean"),  # TRL: share of tokens clipped at 1 - epsilon (negative advantages)
     "clip_high": ("clip_high", "clip_ratio/high_mean"),  # ... at 1 + epsilon_high (positive advantages)

@@ -31,8 +31,8 @@ TRAINER_SIDE = {
                         "a time window holds an unknown, varying number of evaluation points",
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "
                       "its training-side half is a CUSUM (as correctness_drop)",
-    "loss_blowup": "it counts updates whose |loss| exceeds the run's early maximum, a distribution-free bound only the "
-                   "trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many",
+    "loss_blowup": "it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a "
+                   "distribution-free bound over every update, in a sequential test; a scrape sees one update in many",
     "entropy_drift": "a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between "
                      "evaluations",
     "length_drift": "a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series "
@@ -77,7 +77,7 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
                    "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min",
-                   "truncation_capped", "kl_growth")
+                   "truncation_capped", "kl_growth", "repetition")
 
 
 MONITORING = tuple(f.name for f in fields(Monitoring))  # parsed by monitoring.parse
@@ -185,6 +185,7 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:entropy:baseline": f"max {by} ({series(p, 'grpo_entropy_baseline')})",
         "grpo:ln_vocab": f"max {by} ({series(p, 'grpo_entropy_mean')} / {series(p, 'grpo_entropy_normalized')})",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
+        "grpo:repetition_rate:avg_w": avg("grpo_repetition_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
@@ -314,6 +315,11 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "{{ $value | humanizePercentage }} of completions cut at max_new_tokens",
             f"The truncation rate over {w} is {{{{ $value | humanizePercentage }}}} (threshold {_num(t.truncation_capped)}): "
             "almost no completion ends, cut answers are not graded, and the gradient heads to 0."),
+        "repetition": (
+            f"grpo:repetition_rate:avg_w >= {_num(t.repetition)} and {_aged(p, 1)}",
+            "{{ $value | humanizePercentage }} of the completions' 4-grams repeat: degenerate loops",
+            f"The completions' mean seq-rep-4 over {w} is {{{{ $value | humanizePercentage }}}} (threshold "
+            f"{_num(t.repetition)}): a share of each completion's word 4-grams that repeat an earlier one far above prose."),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'

@@ -151,6 +151,15 @@ TABLE += [
         dont="raise max_new_tokens: the length follows the cap; and do not wait for the accuracy to fall",
         source="DAPO (Yu et al., 2025, arXiv:2503.14476) s. 3.4 'Overlong Reward Shaping'; TRL GRPOConfig "
                "mask_truncated_completions"),
+    Row("repetition", "warning", "completions repeating themselves: the step's mean seq-rep-4 (the share of a completion's "
+        "word 4-grams that repeat an earlier one) >= 0.3 over a window",
+        "degenerate loops: the policy found that repeating a phrase is cheap (a length or format reward paying for it, "
+        "entropy collapsing onto a few tokens), or sampling too cold",
+        "open the step's generations; penalise repetition or cap the length reward; check the temperature and the "
+        "entropy panel",
+        dont="raise max_new_tokens or the length reward: a loop fills whatever room it is given",
+        source="Welleck et al., 2019, 'Neural Text Degeneration with Unlikelihood Training' (arXiv:1908.04319): "
+               "seq-rep-4, ~0.01 for human text, ~0.4 for greedy decoding of a likelihood-trained LM"),
 ]
 
 BY_ID = {r.id: r for r in TABLE}

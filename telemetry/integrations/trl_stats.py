@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from grpo_sentinel.telemetry.schema import Eval, Samples, StepStats
+from grpo_sentinel.telemetry.stats import repetition_rate
 
 # Our field -> the key TRL 1.16 logs it under.
 LOGGED: dict[str, str] = {
@@ -191,7 +192,8 @@ def _from_samples(x: Samples, setup: Setup, step_time: float, steps_in_row: int)
     out = {"adv_mean": float(adv.mean()) if adv.size else math.nan,
            "adv_std": float(adv.std(ddof=1)) if adv.size > 1 else 0.0,
            "frac_zero_std": float(zero.mean()),
-           "invalid_rewards": int((~scored).sum())}  # every function returned None: TRL excludes the completion
+           "invalid_rewards": int((~scored).sum()),  # every function returned None: TRL excludes the completion
+           "repetition": float(np.mean([repetition_rate(c) for c in x.completions])) if x.completions else math.nan}
     if math.isfinite(step_time) and step_time > 0 and steps_in_row:
         out["tokens_per_s"] = float(x.length.sum() / (step_time * steps_in_row))
     if "correct" not in x.unmeasured:

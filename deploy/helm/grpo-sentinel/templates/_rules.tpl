@@ -62,6 +62,7 @@
 {{- $kl_accel_min := dig "kl_accel_min" 0.05 $s | float64 -}}
 {{- $truncation_capped := dig "truncation_capped" 0.9 $s | float64 -}}
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
+{{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 groups:
 - name: grpo-recording
   rules:
@@ -121,6 +122,8 @@ groups:
     expr: max by (job, instance, run_id) (grpo_entropy_mean / grpo_entropy_normalized)
   - record: grpo:truncation_rate:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))
+  - record: grpo:repetition_rate:avg_w
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_repetition_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))
   - record: grpo:completion_length:mean_w
     expr: |-
       sum by (job, instance, run_id, correct) (rate(grpo_completion_length_sum[{{ include "grpo-sentinel.rules.duration" $window }}]))
@@ -427,7 +430,7 @@ groups:
       condition: loss_blowup
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_blowup (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the run''s early maximum, a distribution-free bound only the trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next'
       action: stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR
       runbook_url: '{{ $runbook }}#loss_blowup'
@@ -637,6 +640,21 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPORepetition
+    expr: grpo:repetition_rate:avg_w >= {{ printf "%.6g" (float64 $repetition) }} and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    labels:
+      severity: warning
+      condition: repetition
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $value | humanizePercentage {{ "}}" }} of the completions'' 4-grams repeat: degenerate loops'
+      description: 'The completions'' mean seq-rep-4 over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value | humanizePercentage {{ "}}" }} (threshold {{ printf "%.6g" (float64 $repetition) }}): a share of each completion''s word 4-grams that repeat an earlier one far above prose.'
+      cause: 'degenerate loops: the policy found that repeating a phrase is cheap (a length or format reward paying for it, entropy collapsing onto a few tokens), or sampling too cold'
+      action: open the step's generations; penalise repetition or cap the length reward; check the temperature and the entropy panel
+      runbook_url: '{{ $runbook }}#repetition'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
 - name: grpo-operational
   rules:
   - alert: GRPOTrainingStalled
@@ -752,6 +770,7 @@ groups:
 {{- $kl_accel_min := dig "kl_accel_min" 0.05 $s | float64 -}}
 {{- $truncation_capped := dig "truncation_capped" 0.9 $s | float64 -}}
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
+{{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 {{- $g := .Values.grafanaAlerts -}}
 apiVersion: 1
 groups:
@@ -1734,7 +1753,7 @@ groups:
     title: GRPOLossBlowup
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_blowup (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the run''s early maximum, a distribution-free bound only the trainer has (its first steps), in a sequential test over every update; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next'
       action: stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR
       runbook_url: '{{ $runbook }}#loss_blowup'
@@ -2413,6 +2432,63 @@ groups:
       severity: critical
       condition: length_capped
     uid: '{{ $g.uidPrefix }}-length_capped'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: (avg by (job, instance, run_id) (avg_over_time(grpo_repetition_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))) and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 1 $window) }})
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $repetition) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPORepetition
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} of the completions'' 4-grams repeat: degenerate loops'
+      description: 'The completions'' mean seq-rep-4 over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value | humanizePercentage {{ "}}" }} (threshold {{ printf "%.6g" (float64 $repetition) }}): a share of each completion''s word 4-grams that repeat an earlier one far above prose.'
+      cause: 'degenerate loops: the policy found that repeating a phrase is cheap (a length or format reward paying for it, entropy collapsing onto a few tokens), or sampling too cold'
+      action: open the step's generations; penalise repetition or cap the length reward; check the temperature and the entropy panel
+      runbook_url: '{{ $runbook }}#repetition'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: repetition
+    uid: '{{ $g.uidPrefix }}-repetition'
 - orgId: {{ $g.orgId | int64 }}
   name: grpo-operational
   folder: {{ $g.folder | toJson }}
