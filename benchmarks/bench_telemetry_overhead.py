@@ -139,7 +139,7 @@ def main() -> None:
     threading.Thread(target=live.serve_forever, daemon=True).start()
     dead = free_port()
     variants = ["off", *[v for v in args.variants if v != "off"]]  # "off" is the baseline of every ratio
-    means, totals, walls, threads = ({v: [] for v in variants} for _ in range(4))
+    means, totals, walls, others = ({v: [] for v in variants} for _ in range(4))
     threads = ["--threads", str(args.threads)] if args.threads else []
     print(f"{machine()}; workers: {args.threads or 'default'} torch thread(s); clock: {args.clock}; "
           f"load average at start: {os.getloadavg()[0]:.2f}")
@@ -154,13 +154,13 @@ def main() -> None:
             means[v].append(statistics.fmean(res["times"]))
             totals[v].append(res["total"])
             walls[v].append(res["wall"])
-            threads[v].append(res["threads"] / args.steps)
+            others[v].append(res["threads"] / args.steps)
             print(f"  repeat {r + 1} {v}: mean {1000 * means[v][-1]:.1f} ms/step, total {totals[v][-1]:.1f} s "
-                  f"({walls[v][-1]:.1f} s wall), other threads {1000 * threads[v][-1]:.1f} ms/step", flush=True)
+                  f"({walls[v][-1]:.1f} s wall), other threads {1000 * others[v][-1]:.1f} ms/step", flush=True)
     mean = {v: statistics.median(m) for v, m in means.items()}
     total = {v: statistics.median(t) for v, t in totals.items()}
     wall = {v: statistics.median(t) for v, t in walls.items()}
-    other = {v: statistics.median(t) for v, t in threads.items()}
+    other = {v: statistics.median(t) for v, t in others.items()}
     print(f"{'variant':15} {'mean ms/step':>12} {'ratio':>6} {'total s':>8} {'ratio':>6} {'wall s':>7} {'threads ms/step':>15}"
           f"  (median over {args.repeats} processes of each one's mean over {args.steps} steps / its total, open to "
           f"close; {args.clock}; the other threads' CPU per step)")
