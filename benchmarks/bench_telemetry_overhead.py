@@ -6,9 +6,12 @@ round to a live receiver; then the same with nothing listening at either endpoin
 
 The mean step time, not the median: periodic costs (an export, a held-out round's traces) land on a
 few steps, and a median hides them. The run's total wall time (open to close, the sinks' final flush
-included) is the other figure. Variants run interleaved, each in a fresh process, `--repeats` times;
-each figure is the median over the processes of that process's mean (or total). The receivers run in
-this (otherwise idle) parent process, like a collector and a Langfuse elsewhere on the network.
+included) is the other figure, and the CPU time of the process's other threads over the steps (the
+sinks' workers and exporters: what telemetry adds off the training thread, measured directly, so it moves
+far less with the machine's load than a difference of two step times). Variants run interleaved, each in
+a fresh process, `--repeats` times; each figure is the median over the processes of that process's mean
+(or total). The receivers run in this (otherwise idle) parent process, like a collector and a Langfuse
+elsewhere on the network.
 
     python benchmarks/bench_telemetry_overhead.py [--repeats 3] [--steps 60] [--threads N] [--clock cpu]
 
@@ -20,6 +23,7 @@ waiting on a dead endpoint (the total's wall clock, printed beside it, does).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -38,6 +42,27 @@ VARIANTS = {"off": (False, False), "defaults": (True, True), "defaults_dead": (T
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def other_threads_cpu() -> float:
+    """CPU seconds of this process's threads but the calling one, alive now (Linux: /proc utime + stime)."""
+    me, total = threading.get_native_id(), 0
+    for task in Path("/proc/self/task").iterdir():
+        if int(task.name) != me:
+            with contextlib.suppress(OSError):  # a thread that just ended
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime: stat's 14th and 15th fields
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> str:
+    import platform
+
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def worker(variant: str, steps: int, port: int, clock) -> dict:
@@ -61,13 +86,14 @@ def worker(variant: str, steps: int, port: int, clock) -> dict:
         t = Trainer(cfg, RunDir.new(Path(tmp), "bench", cfg), sinks=telemetry_sinks(cfg),
                     traces=trace_sink(cfg.traces) if traces else None)
         t.open()
-        times = []
+        times, threads0 = [], other_threads_cpu()
         for _ in range(steps):
             t1 = clock()
             t.step()
             times.append(clock() - t1)
+        threads = other_threads_cpu() - threads0
         t.close("completed")
-        return {"times": times, "total": clock() - c0, "wall": time.perf_counter() - t0}
+        return {"times": times, "total": clock() - c0, "wall": time.perf_counter() - t0, "threads": threads}
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -113,9 +139,9 @@ def main() -> None:
     threading.Thread(target=live.serve_forever, daemon=True).start()
     dead = free_port()
     variants = ["off", *[v for v in args.variants if v != "off"]]  # "off" is the baseline of every ratio
-    means, totals, walls = {v: [] for v in variants}, {v: [] for v in variants}, {v: [] for v in variants}
+    means, totals, walls, others = ({v: [] for v in variants} for _ in range(4))
     threads = ["--threads", str(args.threads)] if args.threads else []
-    print(f"{os.cpu_count()} CPUs; workers: {args.threads or 'default'} thread(s); clock: {args.clock}; "
+    print(f"{machine()}; workers: {args.threads or 'default'} torch thread(s); clock: {args.clock}; "
           f"load average at start: {os.getloadavg()[0]:.2f}")
     for r in range(args.repeats):
         for v in variants:
@@ -128,16 +154,19 @@ def main() -> None:
             means[v].append(statistics.fmean(res["times"]))
             totals[v].append(res["total"])
             walls[v].append(res["wall"])
+            others[v].append(res["threads"] / args.steps)
             print(f"  repeat {r + 1} {v}: mean {1000 * means[v][-1]:.1f} ms/step, total {totals[v][-1]:.1f} s "
-                  f"({walls[v][-1]:.1f} s wall)", flush=True)
+                  f"({walls[v][-1]:.1f} s wall), other threads {1000 * others[v][-1]:.1f} ms/step", flush=True)
     mean = {v: statistics.median(m) for v, m in means.items()}
     total = {v: statistics.median(t) for v, t in totals.items()}
     wall = {v: statistics.median(t) for v, t in walls.items()}
-    print(f"{'variant':15} {'mean ms/step':>12} {'ratio':>6} {'total s':>8} {'ratio':>6} {'wall s':>7}  (median over "
-          f"{args.repeats} processes of each one's mean over {args.steps} steps / its total, open to close; {args.clock})")
+    other = {v: statistics.median(t) for v, t in others.items()}
+    print(f"{'variant':15} {'mean ms/step':>12} {'ratio':>6} {'total s':>8} {'ratio':>6} {'wall s':>7} {'threads ms/step':>15}"
+          f"  (median over {args.repeats} processes of each one's mean over {args.steps} steps / its total, open to "
+          f"close; {args.clock}; the other threads' CPU per step)")
     for v in variants:
         print(f"{v:15} {1000 * mean[v]:12.1f} {mean[v] / mean['off']:6.3f} {total[v]:8.1f} {total[v] / total['off']:6.3f}"
-              f" {wall[v]:7.1f}")
+              f" {wall[v]:7.1f} {1000 * other[v]:15.1f}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
     live.shutdown()
 

@@ -1,7 +1,7 @@
-"""How the traces travel to Langfuse: the OTLP span exporter, the score poster, the backoff of each,
-and the id generator that gives a root span its planned trace id. What is traced and how a trace is
-built is telemetry/traces.py; the server contract these follow (Langfuse v4.16 source) is enforced
-by tests/langfuse_server.py.
+"""How the traces travel to Langfuse: spans as the Langfuse SDK writes them, the OTLP span exporter,
+the score poster, and the backoff of each. What is traced and how a trace is built is
+telemetry/traces.py; the server contract these follow (Langfuse v4.16 source) is enforced by
+tests/langfuse_server.py.
 
 - Spans: OTLP/HTTP protobuf, gzip, Basic auth, to `/api/public/otel/v1/traces`, with the SDK's
   name/version headers and `x-langfuse-ingestion-version: 4` (the server's direct v4 write path).
@@ -14,8 +14,8 @@ by tests/langfuse_server.py.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
+import gzip
 import json
 import logging
 import random
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from grpo_sentinel.telemetry.drops import DROPS
+from grpo_sentinel.telemetry.otlp_spans import encode
 
 log = logging.getLogger("grpo_sentinel.telemetry.traces")  # one logger for the Langfuse sink, wire included
 
@@ -32,6 +33,7 @@ DROPPED = "grpo.traces.dropped"
 OTLP = "/api/public/otel/v1/traces"
 INGESTION = "/api/public/ingestion"  # the batch API: score-create events, answered 207 per event
 SCORES_PER_REQUEST = 500  # ~350 bytes each: far under the ingestion API's 4.5 MB body limit
+SPANS_PER_REQUEST = 512  # ~1 kB each before gzip (the SDK's batch processor sends 512 at most too)
 
 
 @dataclass(frozen=True)
@@ -113,60 +115,49 @@ def headers(creds: Credentials) -> dict[str, str]:
 
 
 class CountingSpanExporter:
-    """A span exporter with delivery counted and the backoff of `Link`: by default the OTLP/HTTP
-    exporter to Langfuse's ingestion endpoint. (A SpanExporter by duck typing: the SDK's processor
-    calls export, force_flush and shutdown.)"""
+    """Exports a step's spans with delivery counted and the backoff of `Link`: by default as OTLP/HTTP
+    protobuf (telemetry/otlp_spans.py), gzip, to Langfuse's ingestion endpoint, or through `inner`, any
+    SpanExporter (tests: an in-memory one). Called from the trace sink's worker thread, one request at a time."""
 
     def __init__(self, creds: Credentials, link: Link, timeout_s: float, inner=None):
-        self.link = link
-        self._status: int | None = None  # HTTP status of the last export request, if one was answered
-        self.inner = inner or self._otlp(creds, timeout_s)
+        import requests
+
+        self.link, self.inner, self.timeout_s = link, inner, timeout_s
+        self.url = creds.base_url + OTLP
+        self.session = requests.Session()
+        # Langfuse's ingestion contract: OTLP/HTTP protobuf, gzip, Basic auth; version 4 writes events directly.
+        self.session.headers.update({**headers(creds), "x-langfuse-ingestion-version": "4",
+                                     "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})
         self.delivered = self.failed = 0  # spans
 
-    def _otlp(self, creds: Credentials, timeout_s: float):
-        import requests
-        from opentelemetry.exporter.otlp.proto.http import Compression
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        session = requests.Session()  # its response hook tells a rejected key from an unreachable server
-        session.hooks["response"].append(self._saw)
-        # Langfuse's ingestion contract: OTLP/HTTP protobuf, gzip, Basic auth; version 4 writes events directly.
-        return OTLPSpanExporter(endpoint=creds.base_url + OTLP, headers={**headers(creds), "x-langfuse-ingestion-version": "4"},
-                                timeout=timeout_s, compression=Compression.Gzip, session=session)
-
-    def _saw(self, response, *args, **kwargs):
-        self._status = response.status_code
-
-    def export(self, spans: Sequence):
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
+    def export(self, spans: Sequence) -> bool:
         n = len(spans)
         if not self.link.open():
             self.failed += n
             DROPS.add(DROPPED, n, signal="spans", reason=self.link.state)
-            return SpanExportResult.FAILURE
-        self._status = None
+            return False
         try:
-            result = self.inner.export(spans)
-        except Exception as e:  # noqa: BLE001 - an exporter bug must not kill the SDK's export thread
-            result, detail = SpanExportResult.FAILURE, repr(e)
-        else:
-            detail = f"HTTP {self._status}" if self._status else "no answer"
-        if result is SpanExportResult.SUCCESS:
+            status, detail = self._send(spans)
+        except Exception as e:  # noqa: BLE001 - no answer, or an exporter bug: never the sink's worker's end
+            status, detail = None, type(e).__name__ if isinstance(e, OSError) else repr(e)
+        if status is not None and 200 <= status < 300:
             self.delivered += n
             self.link.succeeded()
-        else:
-            reason = reason_of(self._status)
-            self.failed += n
-            DROPS.add(DROPPED, n, signal="spans", reason=reason)
-            self.link.failed(reason, detail)
-        return result
+            return True
+        reason = reason_of(status)
+        self.failed += n
+        DROPS.add(DROPPED, n, signal="spans", reason=reason)
+        self.link.failed(reason, detail)
+        return False
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
+    def _send(self, spans: Sequence) -> tuple[int | None, str]:
+        """(HTTP status, what to say of it); None: no answer."""
+        if self.inner is not None:
+            from opentelemetry.sdk.trace.export import SpanExportResult
 
-    def shutdown(self) -> None:
-        self.inner.shutdown()
+            return (200, "") if self.inner.export(spans) is SpanExportResult.SUCCESS else (None, "no answer")
+        r = self.session.post(self.url, data=gzip.compress(encode(spans), compresslevel=6), timeout=self.timeout_s)
+        return r.status_code, f"HTTP {r.status_code}: {r.text[:200]}"
 
 
 class ScorePoster:
@@ -227,29 +218,48 @@ class ScorePoster:
                                          f"{first.get('message', '')}: {str(first.get('error', ''))[:200]}")
 
 
-class PlannedIds:
-    """The TracerProvider's id generator (an IdGenerator by duck typing): a new root span takes the
-    planned trace id while `trace()` holds it, so the root is a span with no parent under that id
-    (the SDK's trace_context would hang it off an invented parent id, and Langfuse v4 reads a trace's
-    input, output and metadata from its parentless span). Otherwise random ids, as the SDK's default."""
+def new_span_id() -> int:
+    return random.getrandbits(64) or 1  # the SDK's RandomIdGenerator: 64 random bits, never 0 (invalid)
 
-    def __init__(self):
-        self._planned = threading.local()
 
-    @contextlib.contextmanager
-    def trace(self, tid: str):
-        self._planned.id = int(tid, 16)
-        try:
-            yield
-        finally:
-            self._planned.id = None
+class Observations:
+    """Finished spans as the Langfuse SDK 5 writes them (`langfuse._client.attributes`: its attribute
+    names; input and output JSON unless a string, metadata one attribute per key with every value
+    JSON, compact; its instrumentation scope, which the server reads as the SDK's), built directly as
+    OpenTelemetry `ReadableSpan`s: no tracer, context or processor per span, and no media scan of
+    every string (we send no media). The exporter takes them as it takes the SDK's."""
 
-    def generate_trace_id(self) -> int:
-        planned = getattr(self._planned, "id", None)
-        return planned if planned is not None else random.getrandbits(128) or 1
+    def __init__(self, creds: Credentials, environment: str):
+        from importlib.metadata import version
 
-    def generate_span_id(self) -> int:
-        return random.getrandbits(64) or 1
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    def is_trace_id_random(self) -> bool:  # W3C's random-trace-id flag: a planned id is derived, not drawn
-        return getattr(self._planned, "id", None) is None
+        self.environment = environment  # LANGFUSE_TRACING_ENVIRONMENT: the spans' and the scores'
+        self._resource = Resource.create({"service.name": "grpo-sentinel"})
+        self._scope = InstrumentationScope("langfuse-sdk", version("langfuse"), None, {"public_key": creds.public_key})
+
+    def span(self, name: str, trace_id: int, span_id: int, parent: int | None, trace: dict, as_type: str, input,
+             output, metadata: dict, start_ns: int, *, model: str | None = None, model_parameters: dict | None = None,
+             usage_details: dict | None = None):
+        """One observation, ended now. `trace`: the trace-level attributes every span of a trace carries."""
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, TraceFlags
+
+        a = {"langfuse.observation.type": as_type, "langfuse.environment": self.environment, **trace}
+        if parent is None:
+            a["langfuse.internal.is_app_root"] = True
+        for key, value in (("input", input), ("output", output), ("model.parameters", model_parameters),
+                           ("usage_details", usage_details)):
+            if value is not None:
+                a[f"langfuse.observation.{key}"] = value if isinstance(value, str) else json.dumps(value)
+        if model is not None:
+            a["langfuse.observation.model.name"] = model
+        for key, value in metadata.items():
+            if value is not None:  # the SDK skips None, so an update never overwrites a value
+                a[f"langfuse.observation.metadata.{key}"] = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        return ReadableSpan(name, SpanContext(trace_id, span_id, False, sampled),
+                            None if parent is None else SpanContext(trace_id, parent, False, sampled),
+                            self._resource, a, instrumentation_scope=self._scope, start_time=start_ns,
+                            end_time=time.time_ns())

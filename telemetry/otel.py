@@ -15,7 +15,7 @@ import threading
 import time
 
 from opentelemetry.metrics import Observation
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
@@ -123,7 +123,9 @@ class OTelSink:
                                     "grpo.loss_type": info.loss_type, "grpo.world_size": info.world_size})
         views = [View(instrument_name=m.name, aggregation=ExplicitBucketHistogramAggregation(m.buckets(info.scales)))
                  for m in CATALOGUE if m.kind == "histogram"]
-        self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)
+        # No exemplars: nothing here records inside a sampled span, and the filter is a cost on every value.
+        self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views,
+                                      exemplar_filter=AlwaysOffExemplarFilter())
         meter = self.provider.get_meter("grpo_sentinel")
         make = {"histogram": meter.create_histogram, "gauge": meter.create_gauge, "counter": meter.create_counter}
         # Every series carries the run id: consecutive runs of one process (the daemon) never share a

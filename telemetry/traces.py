@@ -16,23 +16,24 @@ next attempt, so it never re-emits or overwrites an id, and a link can be writte
 is sent. `session_id` is the run id: Langfuse's session page is the run.
 
 What the server reads (Langfuse v4.16 source; tests/langfuse_server.py enforces it): a trace's input,
-output and metadata come from its span with no parent, so the root is a parentless span whose trace
-id is the planned one (our TracerProvider's id generator hands it out), and the trace-level metadata
-is that root's own metadata (propagated trace metadata would land on every span, over the
-generations' own keys). Scores go as `score-create` events to the ingestion API, in the spans'
-environment; how spans and scores travel is telemetry/langfuse_wire.py.
+output and metadata come from its span with no parent, so the root is a parentless span under the
+planned trace id, and the trace-level metadata is that root's own metadata (propagated trace metadata
+would land on every span, over the generations' own keys). Scores go as `score-create` events to the
+ingestion API, in the spans' environment. The spans are the Langfuse SDK's (its attribute names and
+encodings), built as finished OpenTelemetry spans without the SDK's per-span machinery, which cost
+five times our own work (measured: docs/performance.md); how they travel is telemetry/langfuse_wire.py.
 
-Never in the way of training: `on_step()` only enqueues; a worker thread makes the SDK calls and
-posts the scores; exports time out, and while Langfuse is unreachable or rejects the keys a signal
-(spans, scores) is skipped for a backoff instead of queueing up; a refused batch or score is dropped
-and counted, never pausing anything; nothing flushes on the step path, and every flush is bounded.
+Never in the way of training: `on_step()` only enqueues (a bounded queue: a step that does not fit is
+dropped and counted); one worker thread builds each step's spans and scores and sends them; exports
+time out, and while Langfuse is unreachable or rejects the keys a signal (spans, scores) is skipped for
+a backoff instead of queueing up; a refused batch or score is dropped and counted, never pausing
+anything; nothing flushes on the step path, and every flush is bounded.
 What cannot be delivered is counted in `grpo_traces_dropped_total{signal, reason}` and reported once
 per change of state (wrong keys: one clear error, then only the counter).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -43,21 +44,28 @@ import re
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from grpo_sentinel.telemetry.drops import DROPS
-from grpo_sentinel.telemetry.langfuse_wire import (DROPPED, CountingSpanExporter, Credentials, Link, PlannedIds,
-                                                   ScorePoster)
+from grpo_sentinel.telemetry.langfuse_wire import (
+    DROPPED,
+    SPANS_PER_REQUEST,
+    CountingSpanExporter,
+    Credentials,
+    Link,
+    Observations,
+    ScorePoster,
+    new_span_id,
+)
+from grpo_sentinel.telemetry.links import links
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats, TraceRef
 from grpo_sentinel.telemetry.settings import TracesSettings
 
 log = logging.getLogger(__name__)
 
 EXPLAIN_SAME = {"signal_vanished", "kl_dominant", "reward_saturated", "plateau_small_group"}  # an all-same group shows it
-BACKLOG = 1024  # spans created but not yet exported beyond which new traces are dropped (the SDK queue holds 2048)
 
 
 def trace_id(run_id: str, attempt: int, kind: str, step: int, index: int) -> str:
@@ -107,39 +115,12 @@ def plan(s: StepStats, cfg: TracesSettings, run_id: str, attempt: int) -> tuple[
     return tuple(refs)
 
 
-@dataclass(frozen=True)
-class Links:
-    """Langfuse pages, built locally (never by a network call): a trace, and the run's session."""
-
-    base_url: str
-    project_id: str | None
-
-    def trace(self, tid: str) -> str:
-        return f"{self.base_url}/project/{self.project_id}/traces/{tid}" if self.project_id else ""
-
-    def session(self, run_id: str) -> str:
-        return (f"{self.base_url}/project/{self.project_id}/sessions/{urllib.parse.quote(run_id, safe='')}"
-                if self.project_id else "")
-
-
 def credentials_from_env() -> Credentials | None:
     public, secret = os.environ.get("LANGFUSE_PUBLIC_KEY"), os.environ.get("LANGFUSE_SECRET_KEY")
     if not (public and secret):
         return None
     base = os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST") or "https://cloud.langfuse.com"
     return Credentials(public, secret, base.rstrip("/"))
-
-
-def links_for(project_id: str | None = None) -> Links | None:
-    """Links from the environment's Langfuse base URL (no keys needed to read a record)."""
-    base = os.environ.get("LANGFUSE_BASE_URL") or os.environ.get("LANGFUSE_HOST")
-    return Links(base.rstrip("/"), project_id or os.environ.get("LANGFUSE_PROJECT_ID")) if base else None
-
-
-def links_from(cfg: TracesSettings, creds: Credentials | None) -> Links | None:
-    if creds is None:
-        return None
-    return Links(creds.base_url, cfg.project_id or os.environ.get("LANGFUSE_PROJECT_ID"))
 
 
 def trace_sink(cfg: TracesSettings) -> TraceSink | None:
@@ -153,59 +134,8 @@ def trace_sink(cfg: TracesSettings) -> TraceSink | None:
     return TraceSink(cfg, creds)
 
 
-@dataclass
-class _Client:
-    """One Langfuse client per process (the SDK keeps one per public key anyway, and a shut-down one
-    cannot be revived), on its own TracerProvider: never the global one."""
-
-    langfuse: object
-    provider: object
-    ids: PlannedIds
-    exporter: CountingSpanExporter
-    scores: ScorePoster
-    environment: str  # LANGFUSE_TRACING_ENVIRONMENT: the spans' (the SDK's) and the scores'
-    created: int = 0  # spans ended, whatever became of them
-    lost: int = 0  # ... counted as lost at a bounded flush that left them undelivered
-
-
-# One per public key: the Langfuse SDK keeps one client per public key and process, bound to the host
-# it was first made with, whatever a later Langfuse(...) is given.
-_CLIENTS: dict[str, tuple[str, _Client]] = {}
-
-
-def _client(creds: Credentials, cfg: TracesSettings, span_exporter=None) -> _Client:
-    key = creds.public_key
-    if key in _CLIENTS:
-        host, client = _CLIENTS[key]
-        if host != creds.base_url:
-            log.warning("Langfuse: this process already sends traces for this public key to %s; the SDK keeps that "
-                        "host, so traces go there, not to %s (use another key, or another process)", host, creds.base_url)
-    else:
-        from langfuse import Langfuse
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-
-        # The SDK logs its start-up (with the public key) at INFO and every failed batch at ERROR;
-        # our exporter reports state changes instead, once each.
-        for name in ("langfuse", "opentelemetry.exporter.otlp.proto.http.trace_exporter"):
-            logging.getLogger(name).setLevel(logging.CRITICAL if name != "langfuse" else logging.WARNING)
-        said: set[str] = set()
-        exporter = CountingSpanExporter(creds, Link(creds.base_url, "spans", said), cfg.flush_timeout_s, span_exporter)
-        scores = ScorePoster(creds, Link(creds.base_url, "scores", said), cfg.flush_timeout_s)
-        ids = PlannedIds()
-        provider = TracerProvider(resource=Resource.create({"service.name": "grpo-sentinel"}), id_generator=ids)
-        environment = os.environ.get("LANGFUSE_TRACING_ENVIRONMENT") or "default"
-        # No SDK mask: each sink masks its own texts (the client, and a mask given to it, is per process).
-        lf = Langfuse(public_key=creds.public_key, secret_key=creds.secret_key, base_url=creds.base_url,
-                      tracer_provider=provider, span_exporter=exporter, timeout=max(1, math.ceil(cfg.flush_timeout_s)),
-                      environment=environment)
-        atexit.unregister(lf._resources.shutdown)  # its exit-time flush has no timeout; close() bounds ours
-        _CLIENTS[key] = (creds.base_url, _Client(lf, provider, ids, exporter, scores, environment))
-    return _CLIENTS[key][1]
-
-
 def _redact(data, patterns: list[re.Pattern]):
-    """Every string in input, output and metadata, before it reaches the SDK."""
+    """Every string in input, output and metadata, before it is encoded."""
     if isinstance(data, str):
         for p in patterns:
             data = p.sub("[REDACTED]", data)
@@ -244,14 +174,20 @@ def model_name(model: str) -> str:
 
 class TraceSink:
     """A StepSink. `plan()` names a step's traces (the trainer puts them on the record before any
-    sink runs); `on_step()` hands the step to a worker thread that sends exactly those."""
+    sink runs); `on_step()` hands the step to a worker thread that builds exactly those spans and
+    scores and sends them, one step at a time."""
 
     def __init__(self, cfg: TracesSettings, creds: Credentials, span_exporter=None):
         """`span_exporter` replaces the OTLP exporter to Langfuse (tests: an in-memory one)."""
         self.cfg, self.creds = cfg, creds
-        self.links = links_from(cfg, creds)
-        self._client = _client(creds, cfg, span_exporter)
+        self.links = links(cfg.project_id, creds.base_url)
+        said: set[str] = set()  # states already logged, across both signals: wrong keys make one error
+        self._exporter = CountingSpanExporter(creds, Link(creds.base_url, "spans", said), cfg.flush_timeout_s, span_exporter)
+        self._scores = ScorePoster(creds, Link(creds.base_url, "scores", said), cfg.flush_timeout_s)
+        self._spans = Observations(creds, os.environ.get("LANGFUSE_TRACING_ENVIRONMENT") or "default")
+        # Bounded: a worker that falls behind (a slow Langfuse) drops whole steps, counted, never blocks a step.
         self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=64)
+        self._handed = 0  # spans handed to the worker; at close, those neither delivered nor failed are lost
         self._worker = threading.Thread(target=self._drain, name="grpo-traces", daemon=True)
         patterns = [re.compile(p) for p in cfg.mask]
         self._mask = (lambda data: _redact(data, patterns)) if patterns else (lambda data: data)
@@ -280,27 +216,25 @@ class TraceSink:
                          self.links.trace(ref.trace_id) or f"trace {ref.trace_id}")
         try:
             self._queue.put_nowait(s)
+            self._handed += _spans(s)
         except queue.Full:
             DROPS.add(DROPPED, _spans(s), signal="spans", reason="queue_full")
 
     def flush(self) -> None:
-        """Wait (bounded) until the steps handed over so far are built and exported."""
+        """Wait (bounded) until the steps handed over so far are built and sent."""
         deadline = time.monotonic() + self.cfg.flush_timeout_s
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
-        left = max(0.0, deadline - time.monotonic())
-        self._client.provider.force_flush(timeout_millis=int(left * 1000))
 
     def close(self) -> None:
         if self.info is None:
             return
-        self._queue.put(None)
-        self._worker.join(timeout=self.cfg.flush_timeout_s)
-        self.flush()
-        c = self._client
-        lost = c.created - c.exporter.delivered - c.exporter.failed - c.lost
-        if lost > 0:  # still queued after the bounded wait: the process is about to end
-            c.lost += lost
+        deadline = time.monotonic() + self.cfg.flush_timeout_s
+        with contextlib.suppress(queue.Full):  # a full queue: the worker is stuck, the join below times out
+            self._queue.put(None, timeout=self.cfg.flush_timeout_s)
+        self._worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        lost = self._handed - self._exporter.delivered - self._exporter.failed
+        if lost > 0:  # still queued or in flight after the bounded wait: the process is about to end
             DROPS.add(DROPPED, lost, signal="spans", reason="shutdown")
         if DROPS.total(DROPPED):
             log.warning("Langfuse: %d trace spans and scores were not delivered (grpo_traces_dropped_total)",
@@ -320,93 +254,88 @@ class TraceSink:
         self._queue.task_done()
 
     def _emit(self, s: StepStats) -> None:
-        c = self._client
-        if c.created - c.exporter.delivered - c.exporter.failed - c.lost > BACKLOG:
-            DROPS.add(DROPPED, _spans(s), signal="spans", reason="queue_full")
-            return
+        """One step's spans, then their scores (each request bounded by the flush timeout)."""
+        spans: list = []
         scores: list[dict] = []
         for ref in s.traces:
-            scores += self._train(s, ref) if ref.kind == "train" else self._eval(s, ref)
-        c.scores.post(scores)
+            (self._train if ref.kind == "train" else self._eval)(s, ref, spans, scores)
+        for i in range(0, len(spans), SPANS_PER_REQUEST):
+            self._exporter.export(spans[i:i + SPANS_PER_REQUEST])
+        self._scores.post(scores)
 
-    @contextlib.contextmanager
-    def _trace(self, s: StepStats, ref: TraceRef, name: str, trace_name: str, prompt: str, meta: dict):
-        """The trace's root, ended on leaving: a span with no parent under the planned trace id. Session,
-        name and tags go to every span (propagated); the trace-level metadata is the root's own metadata,
-        which the server keeps as the trace's (v4 from the parentless span; the legacy path merges it in)."""
-        from langfuse import propagate_attributes
+    def _trace(self, s: StepStats, ref: TraceRef, trace_name: str) -> dict:
+        """What every span of the trace carries (the SDK's propagated attributes): session, name, tags."""
+        return {"session.id": self.info.run_id, "langfuse.trace.name": trace_name,
+                "langfuse.trace.tags": (ref.kind, *s.health)}
 
+    def _root(self, s: StepStats, ref: TraceRef, name: str, trace: dict, prompt: str, output, meta: dict,
+              root_id: int, start_ns: int):
+        """The trace's root: a span with no parent under the planned trace id, whose own metadata is the
+        trace-level metadata (the server keeps it as the trace's: v4 from the parentless span)."""
         meta = {"run_id": self.info.run_id, "attempt": self.info.attempt, "step": s.step, "kind": ref.kind,
                 **({"dashboard": self._dashboard} if self._dashboard else {}), **meta}
-        with propagate_attributes(session_id=self.info.run_id, trace_name=trace_name, tags=[ref.kind, *s.health]):
-            with self._client.ids.trace(ref.trace_id):
-                root = self._client.langfuse.start_observation(name=name, as_type="span", input=self._mask(prompt),
-                                                               metadata=self._mask(meta))
-            yield root
-            root.end()
-            self._client.created += 1
+        return self._spans.span(name, int(ref.trace_id, 16), root_id, None, trace, "span", self._mask(prompt),
+                                output, self._mask(meta), start_ns)
 
-    def _train(self, s: StepStats, ref: TraceRef) -> list[dict]:
+    def _train(self, s: StepStats, ref: TraceRef, spans: list, scores: list[dict]) -> None:
         x, g = s.samples, ref.index
         G = len(x.completions) // len(x.prompts)
         prompt = clip(x.prompts[g], self.cfg.max_chars)
         judged = "correct" not in x.unmeasured  # a trainer without a verifier (TRL, no correctness reward)
-        scores = []
-        with self._trace(s, ref, f"group {g}", f"train step {s.step} group {g}", prompt,
-                         {"group": g, "reason": ref.reason, "answer": x.answers[g],
-                          "group_reward_std": _num(x.group_reward_std[g])}) as root:
-            for k, i in enumerate(range(g * G, (g + 1) * G)):
-                gen = root.start_observation(
-                    name=f"completion {k}", as_type="generation", input=self._mask(prompt),
-                    output=self._mask(clip(x.completions[i], self.cfg.max_chars)), model=self._model,
-                    model_parameters=self.info.sampling, usage_details=_usage(x, g, i),
-                    metadata=self._mask({"step": s.step, "kind": "train", "answer": x.answers[g],
-                                         "correct": bool(x.correct[i]) if judged else None,
-                                         "reward": _num(x.reward[i]),
-                                         "rewards": {n: _num(v[i]) for n, v in x.components.items()},
-                                         "advantage": _num(x.advantage[i]),
-                                         "length": int(x.length[i]) if np.isfinite(x.length[i]) else None,
-                                         "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]),
-                                         "truncated": bool(x.truncated[i])}))
-                gen.end()
-                self._client.created += 1
-                if math.isfinite(x.reward[i]):
-                    scores.append(self._score(ref.trace_id, gen.id, "reward", float(x.reward[i]), "NUMERIC"))
-                if judged:
-                    scores.append(self._score(ref.trace_id, gen.id, "correct", float(x.correct[i]), "BOOLEAN"))
-            root.update(output={"rewards": [_num(r) for r in x.reward[g * G:(g + 1) * G]],
-                                "correct": int(x.correct[g * G:(g + 1) * G].sum()) if judged else None})
-        return scores
+        tid, root, start = int(ref.trace_id, 16), new_span_id(), time.time_ns()
+        trace = self._trace(s, ref, f"train step {s.step} group {g}")
+        for k, i in enumerate(range(g * G, (g + 1) * G)):
+            gen = self._spans.span(
+                f"completion {k}", tid, new_span_id(), root, trace, "generation", self._mask(prompt),
+                self._mask(clip(x.completions[i], self.cfg.max_chars)),
+                self._mask({"step": s.step, "kind": "train", "answer": x.answers[g],
+                            "correct": bool(x.correct[i]) if judged else None, "reward": _num(x.reward[i]),
+                            "rewards": {n: _num(v[i]) for n, v in x.components.items()},
+                            "advantage": _num(x.advantage[i]),
+                            "length": int(x.length[i]) if np.isfinite(x.length[i]) else None,
+                            "entropy": _num(x.entropy[i]), "kl": _num(x.kl[i]), "truncated": bool(x.truncated[i])}),
+                time.time_ns(), model=self._model, model_parameters=self.info.sampling, usage_details=_usage(x, g, i))
+            spans.append(gen)
+            gid = f"{gen.context.span_id:016x}"
+            if math.isfinite(x.reward[i]):
+                scores.append(self._score(ref.trace_id, gid, "reward", float(x.reward[i]), "NUMERIC"))
+            if judged:
+                scores.append(self._score(ref.trace_id, gid, "correct", float(x.correct[i]), "BOOLEAN"))
+        output = {"rewards": [_num(r) for r in x.reward[g * G:(g + 1) * G]],
+                  "correct": int(x.correct[g * G:(g + 1) * G].sum()) if judged else None}
+        spans.append(self._root(s, ref, f"group {g}", trace, prompt, output,
+                                {"group": g, "reason": ref.reason, "answer": x.answers[g],
+                                 "group_reward_std": _num(x.group_reward_std[g])}, root, start))
 
-    def _eval(self, s: StepStats, ref: TraceRef) -> list[dict]:
+    def _eval(self, s: StepStats, ref: TraceRef, spans: list, scores: list[dict]) -> None:
         ev, i = s.eval, ref.index
         prompt = clip(ev.prompts[i], self.cfg.max_chars)
-        scores, output = [], {}
-        with self._trace(s, ref, f"held-out prompt {i}", f"eval step {s.step} prompt {i}", prompt,
-                         {"prompt": i, "answer": ev.answers[i]}) as root:
-            for mode, gens in ev.generations.items():
-                params = self.info.sampling if mode == "sampled" else {"greedy": True, "max_new_tokens":
-                                                                       self.info.sampling.get("max_new_tokens")}
-                completion = self._mask(clip(gens.completions[i], self.cfg.max_chars))
-                gen = root.start_observation(
-                    name=mode, as_type="generation", input=self._mask(prompt), output=completion,
-                    model=self._model, model_parameters=params,
-                    usage_details={"input": int(ev.prompt_tokens[i]), "output": int(gens.tokens[i])},
-                    metadata=self._mask({"step": s.step, "kind": "eval", "mode": mode, "answer": ev.answers[i],
-                                         "correct": bool(gens.correct[i]), "length": int(gens.tokens[i])}))
-                gen.end()
-                self._client.created += 1
-                scores.append(self._score(ref.trace_id, gen.id, "correct", float(gens.correct[i]), "BOOLEAN"))
-                output[mode] = {"completion": completion, "correct": bool(gens.correct[i])}
-            root.update(output=output)
-        return scores
+        tid, root, start = int(ref.trace_id, 16), new_span_id(), time.time_ns()
+        trace = self._trace(s, ref, f"eval step {s.step} prompt {i}")
+        output = {}
+        for mode, gens in ev.generations.items():
+            params = self.info.sampling if mode == "sampled" else {"greedy": True, "max_new_tokens":
+                                                                   self.info.sampling.get("max_new_tokens")}
+            completion = self._mask(clip(gens.completions[i], self.cfg.max_chars))
+            gen = self._spans.span(
+                mode, tid, new_span_id(), root, trace, "generation", self._mask(prompt), completion,
+                self._mask({"step": s.step, "kind": "eval", "mode": mode, "answer": ev.answers[i],
+                            "correct": bool(gens.correct[i]), "length": int(gens.tokens[i])}),
+                time.time_ns(), model=self._model, model_parameters=params,
+                usage_details={"input": int(ev.prompt_tokens[i]), "output": int(gens.tokens[i])})
+            spans.append(gen)
+            scores.append(self._score(ref.trace_id, f"{gen.context.span_id:016x}", "correct", float(gens.correct[i]),
+                                      "BOOLEAN"))
+            output[mode] = {"completion": completion, "correct": bool(gens.correct[i])}
+        spans.append(self._root(s, ref, f"held-out prompt {i}", trace, prompt, output,
+                                {"prompt": i, "answer": ev.answers[i]}, root, start))
 
     def _score(self, tid: str, observation_id: str, name: str, value: float, data_type: str) -> dict:
         """A score-create body (the server's ScoreBody): on the generation, in the spans' environment.
         A deterministic id: a batch sent twice (a retry after a lost answer) upserts, never duplicates."""
         sid = hashlib.sha256(f"{tid}/{observation_id}/{name}".encode()).hexdigest()[:32]
         return {"id": sid, "traceId": tid, "observationId": observation_id, "name": name, "value": value,
-                "dataType": data_type, "environment": self._client.environment}
+                "dataType": data_type, "environment": self._spans.environment}
 
 
 def _usage(x, g: int, i: int) -> dict[str, int]:

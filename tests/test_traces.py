@@ -1,6 +1,6 @@
-"""Langfuse traces: what is traced (pure), what the real SDK builds (in-memory exporter), and what a
-real training run sends over the wire to a server implementing Langfuse's ingestion contract
-(tests/langfuse_server.py): OTLP/HTTP protobuf spans and the scores API, with Basic auth."""
+"""Langfuse traces: what is traced (pure), what the sink builds (in-memory exporter; the spans the real
+SDK builds), and what a real training run sends over the wire to a server implementing Langfuse's
+ingestion contract (tests/langfuse_server.py): OTLP/HTTP protobuf spans and the scores API, with Basic auth."""
 
 import base64
 import csv
@@ -14,13 +14,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from langfuse_server import FakeLangfuse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from helpers import cli, free_port, wait_for
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
 from grpo_sentinel.telemetry.traces import Credentials, TraceSink, model_name, plan, trace_id
-from langfuse_server import FakeLangfuse
+from helpers import cli, free_port, wait_for
 
 P, G = 8, 4
 
@@ -85,8 +85,8 @@ INFO = RunInfo("run-7", "demo", "grpo", Scales(1.0, float(np.log(15)), 6), attem
                sampling={"temperature": 0.9, "top_p": 1.0, "max_new_tokens": 6})
 
 
-def test_the_sdk_builds_parentless_roots_generations_texts_scores_and_truncation(langfuse, monkeypatch):
-    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "staging")  # read when the process's client is made
+def test_the_sink_builds_parentless_roots_generations_texts_scores_and_truncation(langfuse, monkeypatch):
+    monkeypatch.setenv("LANGFUSE_TRACING_ENVIRONMENT", "staging")  # read when the sink is made
     memory = InMemorySpanExporter()
     grafana = "http://grafana.monitoring.svc.cluster.local:3000/" + "g" * 200  # no 200-character cap on metadata
     cfg = TracesSettings(max_chars=12, project_id="p1", dashboard_url=grafana)
@@ -161,10 +161,10 @@ def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
 
 
 def test_the_mask_redacts_before_anything_leaves_the_process_each_sink_its_own(langfuse):
-    memory = InMemorySpanExporter()  # the process's client keeps the first exporter given for a key
+    memory = InMemorySpanExporter()
 
     def masked(mask: list[str]) -> list:
-        # One public key: the process has one SDK client for it, and each sink still masks with its own patterns.
+        # One public key, two sinks: each masks with its own patterns.
         sink = TraceSink(TracesSettings(mask=mask), Credentials("pk-lf-mask", "sk-lf-test", langfuse.url), span_exporter=memory)
         sink.start(INFO)
         s = step(5)
@@ -191,7 +191,6 @@ def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
 
     import requests
 
-    # A key of its own: this process's client for a key keeps the host it was first made with.
     langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-strict:sk-lf-test").decode()
     sink = TraceSink(TracesSettings(), Credentials("pk-lf-strict", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter())
     sink.start(INFO)
@@ -268,15 +267,83 @@ def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
 # ---------------------------------------------------------------------------------------------
 # A real training run over the wire
 
-def test_a_second_host_for_the_same_key_in_one_process_is_said_not_silently_ignored(caplog):
-    """The SDK binds a public key to the first host it was used with; a sink for another host says where
-    its traces really go."""
-    first = TraceSink(TracesSettings(), Credentials("pk-lf-hosts", "sk", "http://127.0.0.1:9"), span_exporter=InMemorySpanExporter())
-    second = TraceSink(TracesSettings(), Credentials("pk-lf-hosts", "sk", "http://127.0.0.1:10"), span_exporter=InMemorySpanExporter())
-    first.close(), second.close()
-    said = [r.getMessage() for r in caplog.records if "already sends traces" in r.getMessage()]
-    assert said == ["Langfuse: this process already sends traces for this public key to http://127.0.0.1:9; the SDK "
-                    "keeps that host, so traces go there, not to http://127.0.0.1:10 (use another key, or another process)"]
+def test_two_sinks_for_one_key_in_one_process_each_send_to_their_own_host():
+    """No SDK client per public key (the SDK binds a key to the first host it was used with): each sink
+    sends to the host it was given, with its own backoff."""
+    servers = [FakeLangfuse("pk-lf-hosts", "sk"), FakeLangfuse("pk-lf-hosts", "sk")]
+    try:
+        for n, server in enumerate(servers):
+            sink = TraceSink(TracesSettings(), Credentials("pk-lf-hosts", "sk", server.url))
+            sink.start(replace(INFO, run_id=f"run-{n}"))
+            s = step(5)
+            sink.on_step(replace(s, traces=sink.plan(s)))
+            sink.close()
+        assert [{t.session_id for t in server.traces().values()} for server in servers] == [{"run-0"}, {"run-1"}]
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_the_otlp_request_is_the_one_the_opentelemetry_encoder_writes():
+    """telemetry/otlp_spans.py writes protobuf by hand: a step's spans (a train trace and a held-out round,
+    roots and generations, strings, booleans, tags) decode to exactly the OTel encoder's message."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    from grpo_sentinel.telemetry.otlp_spans import encode
+
+    memory = InMemorySpanExporter()
+    sink = TraceSink(TracesSettings(), Credentials("pk-lf-otlp", "sk", "http://127.0.0.1:9"), span_exporter=memory)
+    sink.start(INFO)
+    for s in (step(10, ("signal_vanished",)), StepStats.partial(20, eval=heldout(3))):
+        sink.on_step(replace(s, traces=sink.plan(s)))
+    sink.close()
+    spans = list(memory.get_finished_spans())
+    assert {sp.attributes["langfuse.observation.type"] for sp in spans} == {"span", "generation"}
+    # The shapes the sink never makes, too: ints, floats, negative ints, a status, a remote parent, no scope.
+    remote = SpanContext(1, 2, is_remote=True, trace_flags=TraceFlags(1))
+    spans.append(ReadableSpan("other", SpanContext(1, 3, False, TraceFlags(1)), remote, spans[0].resource,
+                              {"n": 7, "neg": -3, "x": 0.25, "flags": (True, False), "nums": [1, 2]}, kind=SpanKind.CLIENT,
+                              status=Status(StatusCode.ERROR, "broken"), start_time=1, end_time=2))
+    assert ExportTraceServiceRequest.FromString(encode(spans)) == encode_spans(spans)
+
+
+def test_the_spans_are_the_ones_the_langfuse_sdk_builds():
+    """Observations writes the SDK 5's attributes without its per-span machinery: the same trace built
+    through the real SDK (its client, propagate_attributes, start_observation) has the same attributes,
+    names, parents and instrumentation scope."""
+    from langfuse import Langfuse, propagate_attributes
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from grpo_sentinel.telemetry.langfuse_wire import Observations, new_span_id
+
+    memory = InMemorySpanExporter()
+    creds = Credentials("pk-lf-same", "sk-lf-test", "http://127.0.0.1:9")
+    lf = Langfuse(public_key=creds.public_key, secret_key=creds.secret_key, base_url=creds.base_url,
+                  tracer_provider=TracerProvider(), span_exporter=memory, environment="staging")
+    meta = {"step": 3, "answer": "14", "correct": None, "rewards": {"correct": 1.0}, "note": "é"}
+    gen = {"model": "demo", "model_parameters": {"temperature": 0.9}, "usage_details": {"input": 4, "output": 2}}
+    with propagate_attributes(session_id="run-7", trace_name="train step 3 group 1", tags=["train", "kl_runaway"]):
+        root = lf.start_observation(name="group 1", as_type="span", input="1+1=", metadata=meta)
+        root.start_observation(name="completion 0", as_type="generation", input="1+1=", output="2", metadata=meta,
+                               **gen).end()
+        root.update(output={"rewards": [1.0, None]})
+        root.end()
+    lf.shutdown()
+    sdk = {sp.name: sp for sp in memory.get_finished_spans()}
+    obs = Observations(creds, "staging")
+    trace = {"session.id": "run-7", "langfuse.trace.name": "train step 3 group 1", "langfuse.trace.tags": ("train", "kl_runaway")}
+    tid, rid = sdk["group 1"].context.trace_id, new_span_id()
+    ours = {"group 1": obs.span("group 1", tid, rid, None, trace, "span", "1+1=", {"rewards": [1.0, None]}, meta, 0),
+            "completion 0": obs.span("completion 0", tid, new_span_id(), rid, trace, "generation", "1+1=", "2", meta, 0,
+                                     **gen)}
+    for name, theirs in sdk.items():
+        assert dict(ours[name].attributes) == dict(theirs.attributes), name
+        assert (ours[name].parent is None) == (theirs.parent is None) and ours[name].kind == theirs.kind
+        assert ours[name].instrumentation_scope == theirs.instrumentation_scope
+    assert set(sdk) == set(ours)
 
 
 KEYS = {"LANGFUSE_PUBLIC_KEY": "pk-lf-test", "LANGFUSE_SECRET_KEY": "sk-lf-test"}
@@ -285,7 +352,7 @@ ARGS = ["--steps", "10", "--set", "run.sample_every=5", "--set", "data.eval_size
 
 
 def train(tmp_path, url: str, *extra: str, keys=KEYS, run_id: str = "r", timeout: float = 300):
-    env = {**os.environ, **keys, "LANGFUSE_BASE_URL": url, "LANGFUSE_FLUSH_INTERVAL": "0.2"}
+    env = {**os.environ, **keys, "LANGFUSE_BASE_URL": url}
     return subprocess.run(cli("train", "--out", str(tmp_path), "--set", f"run.run_id={run_id}", *ARGS, *extra),
                           capture_output=True, text=True, env=env, timeout=timeout)
 
@@ -429,7 +496,7 @@ def test_a_server_that_accepts_and_never_answers_cannot_hold_the_exit(tmp_path, 
 
 
 def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir):
-    env = {**os.environ, **KEYS, "LANGFUSE_BASE_URL": langfuse.url, "LANGFUSE_FLUSH_INTERVAL": "0.2"}
+    env = {**os.environ, **KEYS, "LANGFUSE_BASE_URL": langfuse.url}
     args = cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", *ARGS, "--steps", "16",
                "--set", "traces.train_every=1")
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

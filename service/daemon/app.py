@@ -35,8 +35,9 @@ from grpo_sentinel.service.daemon.follow import Cursor, RunTail
 from grpo_sentinel.service.daemon.supervisor import Supervisor
 from grpo_sentinel.service.runs import FINISHED, RunDir, RunDirError
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.links import links as langfuse_links
 from grpo_sentinel.telemetry.record import last_row
-from grpo_sentinel.telemetry.traces import credentials_from_env, links_from
+from grpo_sentinel.telemetry.traces import credentials_from_env
 
 log = logging.getLogger(__name__)
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -181,7 +182,8 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
                    if isinstance(k, str) and isinstance(v, str) and v != "" and k not in ("health", "trace_ids", "eval_trace_id")}
         traces: dict[str, str | list[str]] = {}
         try:
-            links = links_from(rd.read_config().traces, credentials_from_env())
+            creds = credentials_from_env()
+            links = langfuse_links(rd.read_config().traces.project_id, creds.base_url) if creds else None
         except RunDirError:  # a damaged config.yaml: the rest of the run still reads
             links = None
         ids = (row.get("trace_ids") or "").split()

@@ -12,8 +12,8 @@ import numpy as np
 from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds, lead_time, unjudgeable
 from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.links import links
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
-from grpo_sentinel.telemetry.traces import links_for
 
 
 def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
@@ -21,7 +21,7 @@ def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
     steps (the trainer traces the groups that explain an active condition, and lists them first)."""
     if not log.traces:
         return diag
-    links = links_for(log.trace_project)
+    pages = links(log.trace_project)
     steps = np.array(sorted(log.traces))
 
     def linked(c):
@@ -29,7 +29,7 @@ def with_generations(diag: Diagnosis, log: RunLog) -> Diagnosis:
         if i == len(steps) or steps[i] > c.last_step:
             return c
         tid = log.traces[int(steps[i])]
-        return replace(c, generations=(links.trace(tid) if links else "") or f"trace {tid} (step {steps[i]})")
+        return replace(c, generations=(pages.trace(tid) if pages else "") or f"trace {tid} (step {steps[i]})")
 
     diag.conditions = [linked(c) for c in diag.conditions]
     return diag
