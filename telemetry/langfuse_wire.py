@@ -24,8 +24,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
 from grpo_sentinel.telemetry.drops import DROPS
-from grpo_sentinel.telemetry.otlp_spans import encode
 
 log = logging.getLogger("grpo_sentinel.telemetry.traces")  # one logger for the Langfuse sink, wire included
 
@@ -116,7 +117,7 @@ def headers(creds: Credentials) -> dict[str, str]:
 
 class CountingSpanExporter:
     """Exports a step's spans with delivery counted and the backoff of `Link`: by default as OTLP/HTTP
-    protobuf (telemetry/otlp_spans.py), gzip, to Langfuse's ingestion endpoint, or through `inner`, any
+    protobuf (the OpenTelemetry encoder), gzip, to Langfuse's ingestion endpoint, or through `inner`, any
     SpanExporter (tests: an in-memory one). Called from the trace sink's worker thread, one request at a time."""
 
     def __init__(self, creds: Credentials, link: Link, timeout_s: float, inner=None):
@@ -156,7 +157,7 @@ class CountingSpanExporter:
             from opentelemetry.sdk.trace.export import SpanExportResult
 
             return (200, "") if self.inner.export(spans) is SpanExportResult.SUCCESS else (None, "no answer")
-        r = self.session.post(self.url, data=gzip.compress(encode(spans), compresslevel=6), timeout=self.timeout_s)
+        r = self.session.post(self.url, data=gzip.compress(encode_spans(spans).SerializeToString(), compresslevel=6), timeout=self.timeout_s)
         return r.status_code, f"HTTP {r.status_code}: {r.text[:200]}"
 
 

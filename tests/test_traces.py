@@ -284,32 +284,6 @@ def test_two_sinks_for_one_key_in_one_process_each_send_to_their_own_host():
             server.close()
 
 
-def test_the_otlp_request_is_the_one_the_opentelemetry_encoder_writes():
-    """telemetry/otlp_spans.py writes protobuf by hand: a step's spans (a train trace and a held-out round,
-    roots and generations, strings, booleans, tags) decode to exactly the OTel encoder's message."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-    from grpo_sentinel.telemetry.otlp_spans import encode
-
-    memory = InMemorySpanExporter()
-    sink = TraceSink(TracesSettings(), Credentials("pk-lf-otlp", "sk", "http://127.0.0.1:9"), span_exporter=memory)
-    sink.start(INFO)
-    for s in (step(10, ("signal_vanished",)), StepStats.partial(20, eval=heldout(3))):
-        sink.on_step(replace(s, traces=sink.plan(s)))
-    sink.close()
-    spans = list(memory.get_finished_spans())
-    assert {sp.attributes["langfuse.observation.type"] for sp in spans} == {"span", "generation"}
-    # The shapes the sink never makes, too: ints, floats, negative ints, a status, a remote parent, no scope.
-    remote = SpanContext(1, 2, is_remote=True, trace_flags=TraceFlags(1))
-    spans.append(ReadableSpan("other", SpanContext(1, 3, False, TraceFlags(1)), remote, spans[0].resource,
-                              {"n": 7, "neg": -3, "x": 0.25, "flags": (True, False), "nums": [1, 2]}, kind=SpanKind.CLIENT,
-                              status=Status(StatusCode.ERROR, "broken"), start_time=1, end_time=2))
-    assert ExportTraceServiceRequest.FromString(encode(spans)) == encode_spans(spans)
-
-
 def test_the_spans_are_the_ones_the_langfuse_sdk_builds():
     """Observations writes the SDK 5's attributes without its per-span machinery: the same trace built
     through the real SDK (its client, propagate_attributes, start_observation) has the same attributes,
