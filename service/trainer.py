@@ -3,12 +3,14 @@
 The lifecycle is explicit so that any entry point can drive it: `open()` loads the model and
 restores the newest complete checkpoint (or measures the step-0 baseline), `step()` runs one step
 and everything that follows it (health verdict, traces, sinks, checkpoint), `close()` ends the run
-and writes its summary. The telemetry half of all this (sinks, monitor, per-step pipeline, the book
-of baseline, evaluations and conditions, run.json, summary.json, events.jsonl) is the rank-0
-process's `RunSession` (telemetry/session.py), which the TRL callback holds too; the trainer keeps
-the model, the step, checkpoints and ranks. `request_stop()` may be called from a signal handler or another thread: the
+and writes its summary. `request_stop()` may be called from a signal handler or another thread: the
 run checkpoints at the next step boundary, and a step still waiting on its rewards is abandoned
 (a resume redoes it exactly). Signal handlers belong to the entry points (the CLI, the daemon).
+
+The telemetry half of all this (the sinks and the monitor, the per-step pipeline, the book of
+baseline, evaluations and conditions, run.json, summary.json, events.jsonl) is rank 0's `RunSession`
+(telemetry/session.py), the one the TRL callback holds too; the trainer keeps the model, the step,
+checkpoints (which carry the session's book) and ranks.
 """
 
 from __future__ import annotations
@@ -265,7 +267,8 @@ class Trainer:
         session = self.session
         attempt = summary.get("attempt", 0) + 1
         session.begin(self.state.step, attempt, resumed, **self._summary_fields())
-        session.start(run_info(cfg, self.run_dir, self.policy, attempt, dist.world), self.state.step if resumed else None)
+        info = run_info(cfg, self.run_dir, self.policy, attempt, dist.world)
+        session.start(info, self.state.step if resumed else None)
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
             session.baseline(ev)

@@ -147,15 +147,16 @@ class RunSession:
         sink and the monitor (on a resume, it reads the steps the record kept)."""
         self.info = info
         runfiles.write_run_info(self.dir, info)
-        self.record = RunRecord(self.dir, list(info.scales.reward_weights), self.traces.links.trace if self.traces else None)
+        trace_url = self.traces.links.trace if self.traces else None
+        self.record = RunRecord(self.dir, list(info.scales.reward_weights), trace_url)
         self.sinks.insert(0, self.record)
         for sink in self.sinks:
             sink.start(info)
         self.record.open(resume_step)
         h = self.health
         if h.enabled:
-            self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=info.scales.window),
-                                         group_size=info.scales.group_size)
+            self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on),
+                                         Thresholds(window=info.scales.window), group_size=info.scales.group_size)
             self.monitor.start(info)
             if resume_step:
                 self.monitor.seed(ingest.load(self.dir / "steps.csv"))

@@ -186,6 +186,10 @@ def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):
     assert (log.completions_per_step, log.window, log.group_size, log.max_reward) == (64, 9, 8, 1.5)
     out = subprocess.run(cli("diagnose", str(tmp_path), "--json"), capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["summary"]["reward_curve"]["window"] == 9, out.stdout[:500]
+    (tmp_path / "run.json").unlink()  # a run directory from before run.json: config.yaml is said, never read
+    log = load(tmp_path, "auto")
+    assert (log.group_size, log.window, log.completions_per_step) == (None, None, None)
+    assert any("no run.json" in n and "--window" in n for n in log.notes), log.notes
 
 
 def test_damage_read_from_the_reward_is_a_proxy_and_needs_its_noise():

@@ -368,6 +368,9 @@ def _sentinel(path: Path) -> RunLog:
             log.baseline_acc = _number(base[0]["sample_acc"])
     if (path.parent / RUN_INFO).is_file():
         _read_run_info(log, path.parent / RUN_INFO)
+    elif (path.parent / "config.yaml").is_file():  # the legacy path: said, not read (it is the service's file)
+        log.notes.append(f"{path.parent}: no run.json (recorded before telemetry wrote one): G, the window and the "
+                         "largest reward are not known from the run; give --window (and --max-new-tokens)")
     if log.has("entropy_norm") and log.has("entropy"):
         ratio = log.series["entropy"] / log.series["entropy_norm"]
         ok = np.isfinite(ratio) & (ratio > 0)

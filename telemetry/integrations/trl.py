@@ -11,10 +11,14 @@ functions also record each completion's rewards, so the per-completion histogram
 advantages (derived with the trainer's own num_generations and scale_rewards) and the all-correct /
 all-wrong split exist too; without them those are absent, never guessed.
 
+The run itself is a RunSession (telemetry/session.py), the one the native trainer holds: the record,
+/metrics, the monitor and traces, the summary, events.jsonl and run.json (the scales `diagnose`
+reads). What is here is the mapping of TRL's logs onto its rows.
+
 Once per job: TRL calls every callback on every rank, but only the world's process zero keeps the
-run (record, /metrics, monitor, traces). The other ranks send it their share of the per-completion
-rewards (TRL gathers its logged means itself; a group can span ranks) and take its health action,
-so that every rank stops at the same step.
+run (its session). The other ranks send it their share of the per-completion rewards (TRL gathers
+its logged means itself; a group can span ranks) and take its health action, so that every rank
+stops at the same step.
 
 Telemetry never stops training: a failure in it is logged, counted in summary.json, and TRL trains
 on. Input the callback cannot use fails before training: its options and the TRL version at
@@ -506,9 +510,10 @@ class _Run:
             self.sampled = False
         self.curve_at_evals = _value(a.eval_strategy) != "no" and self.setup.correctness is not None
         # Windows count rows, and a row holds logging_steps optimizer steps.
-        scales = run_scales(ln_vocab=self.ln_vocab, max_new_tokens=a.max_completion_length, group_size=a.num_generations,
-                            prompts_per_step=self.completions_per_step / a.num_generations, rewards=list(zip(names, weights)),
-                            window=cb.health.window, steps_per_row=self.logging_steps, largest_reward=cb.max_reward)
+        scales = run_scales(ln_vocab=self.ln_vocab, max_new_tokens=a.max_completion_length,
+                            group_size=a.num_generations, prompts_per_step=self.completions_per_step / a.num_generations,
+                            rewards=list(zip(names, weights)), window=cb.health.window,
+                            steps_per_row=self.logging_steps, largest_reward=cb.max_reward)
         self.session.start(RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type, scales=scales,
                                    world_size=a.world_size, traces_project=cb.traces.project_id,
                                    sampling={"temperature": a.temperature, "top_p": a.top_p,
