@@ -10,7 +10,6 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from helpers import cli, new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.daemon.app import create_app
 from grpo_sentinel.service.daemon.supervisor import Supervisor
@@ -18,6 +17,7 @@ from grpo_sentinel.service.launch import check_launch
 from grpo_sentinel.service.runs import RunDir
 from grpo_sentinel.service.trainer import Trainer
 from grpo_sentinel.telemetry.health.ingest import load
+from helpers import cli, new_run
 
 MODULE = "reader_check_reward"
 
