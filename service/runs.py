@@ -202,7 +202,7 @@ class RunDir:
             raise RunDirError(f"{e}: move it away to resume from the checkpoints") from None
 
     def write_summary(self, summary: dict) -> None:
-        runfiles.write_summary(self.summary_path, summary)
+        runfiles.write_json(self.summary_path, summary)
 
     def update_summary(self, **fields: Any) -> dict:
         """Merge `fields` into the summary (e.g. a failure's status and reason), keeping the rest."""

@@ -40,13 +40,9 @@ def read_summary(path: Path) -> dict:
     return summary
 
 
-def write_summary(path: Path, summary: dict) -> None:
-    write_json(path, summary)
-
-
 def write_json(path: Path, data: dict) -> None:
-    """Atomic (a new file renamed over the old). On a full disk the one file that must still be written
-    is the status: then it is rewritten in place, in the space the old one frees."""
+    """Atomic (a new file renamed over the old). On a full disk a file that exists is rewritten in place,
+    in the space the old one frees: the status (summary.json) must still be written then."""
     text = json.dumps(data, indent=2)
     tmp = path.with_suffix(".json.tmp")
     try:
@@ -67,7 +63,7 @@ def update_summary(path: Path, **fields: Any) -> dict:
     except ValueError:
         summary = {}
     summary.update(fields, updated_at=now())
-    write_summary(path, summary)
+    write_json(path, summary)
     return summary
 
 

@@ -96,7 +96,7 @@ class Book:
     invalid_rewards: int = 0  # reward calls that raised or gave None/NaN/inf
 
 
-def accuracy(ev: Eval) -> dict:
+def _accuracy(ev: Eval) -> dict:
     """An evaluation's figures for summary.json (strict JSON: what was not measured is null)."""
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in ev.accuracy().items()}
 
@@ -123,7 +123,6 @@ class RunSession:
         self.origin = origin or {}
         self.record: RunRecord | None = None
         self.monitor: HealthMonitor | None = None
-        self.info: RunInfo | None = None
         self.book = Book()
         self.attempt = 1
         self.errors = 0  # telemetry failures caught (summary.json's telemetry_errors)
@@ -145,7 +144,6 @@ class RunSession:
     def start(self, info: RunInfo, resume_step: int | None = None) -> None:
         """Once the scales are known: run.json, the record (fresh, or kept through `resume_step`), every
         sink and the monitor (on a resume, it reads the steps the record kept)."""
-        self.info = info
         runfiles.write_run_info(self.dir, info)
         trace_url = self.traces.links.trace if self.traces else None
         self.record = RunRecord(self.dir, list(info.scales.reward_weights), trace_url)
@@ -185,7 +183,7 @@ class RunSession:
         self.record.write_baseline(base)
         if self.monitor:
             self.monitor.baseline(ev.sample_acc)
-        self.book.baseline = self.book.last_eval = accuracy(ev)
+        self.book.baseline = self.book.last_eval = _accuracy(ev)
         self.book.last_eval_step = step
 
     def step(self, stats: StepStats) -> tuple[StepStats, Verdict | None]:
@@ -199,7 +197,7 @@ class RunSession:
         stats = self._traced(stats)
         self.book.invalid_rewards += stats.invalid_rewards
         if stats.eval is not None:
-            self.book.last_eval, self.book.last_eval_step = accuracy(stats.eval), stats.step
+            self.book.last_eval, self.book.last_eval_step = _accuracy(stats.eval), stats.step
         for sink in self.sinks:
             self._guard(sink.on_step, stats)
         return stats, verdict
