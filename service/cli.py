@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 from grpo_sentinel.service.config import ConfigError, load_config
@@ -345,11 +344,12 @@ def _train(args) -> int:
 def _take_run(args, cfg):
     """Rank 0: the new run's directory, made and locked, or the run to resume, checked and locked."""
     from grpo_sentinel.service.runs import RunDir
+    from grpo_sentinel.telemetry import runfiles
 
     if args.resume is not None:
         return RunDir.resume(args.resume, args.overrides, args.steps)[0]
-    run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{cfg.run.seed}"
-    return RunDir.new(Path(cfg.run.out_dir), run_id, cfg)
+    out = Path(cfg.run.out_dir)
+    return RunDir.new(out, cfg.run.run_id or runfiles.new_run_id(out, cfg.run.seed), cfg)
 
 
 def _on_rank0(dist, take):

@@ -1,9 +1,12 @@
 """Run directories: where a run lives, who holds it, what state it is in, and whether a resume may
 change its config. The CLI and the daemon both go through here.
 
-A run directory holds `config.yaml` (what the run uses), `summary.json` (its status, rewritten
-atomically at start and end: the status file), `events.jsonl` (starts, resumes, config changes,
-ends: append-only), the two CSVs and `checkpoints/`. While a process trains it, it holds an
+A run directory holds `config.yaml` (what the run uses: the service's own file, read by nothing in
+telemetry), `run.json` (the scales telemetry persists at each start: what `diagnose` reads),
+`summary.json` (its status, rewritten atomically at start and end: the status file), `events.jsonl`
+(starts, resumes, config changes, ends: append-only), the two CSVs and `checkpoints/`. Reading a
+run (`read_config`, `read_summary`, `events`) validates its config purely, never whether it could
+launch: a finished run still reads after its model or data moved (launch.py is the launch's check). While a process trains it, it holds an
 exclusive lock on `.lock` (flock: the kernel releases it when the process dies, however it dies,
 so a lock left by a killed process is never mistaken for a live one); the file names the holder.
 """
@@ -199,7 +202,7 @@ class RunDir:
             raise RunDirError(f"{e}: move it away to resume from the checkpoints") from None
 
     def write_summary(self, summary: dict) -> None:
-        runfiles.write_summary(self.summary_path, summary)
+        runfiles.write_json(self.summary_path, summary)
 
     def update_summary(self, **fields: Any) -> dict:
         """Merge `fields` into the summary (e.g. a failure's status and reason), keeping the rest."""

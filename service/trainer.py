@@ -6,6 +6,11 @@ and everything that follows it (health verdict, traces, sinks, checkpoint), `clo
 and writes its summary. `request_stop()` may be called from a signal handler or another thread: the
 run checkpoints at the next step boundary, and a step still waiting on its rewards is abandoned
 (a resume redoes it exactly). Signal handlers belong to the entry points (the CLI, the daemon).
+
+The telemetry half of all this (the sinks and the monitor, the per-step pipeline, the book of
+baseline, evaluations and conditions, run.json, summary.json, events.jsonl) is rank 0's `RunSession`
+(telemetry/session.py), the one the TRL callback holds too; the trainer keeps the model, the step,
+checkpoints (which carry the session's book) and ranks.
 """
 
 from __future__ import annotations
@@ -13,12 +18,10 @@ from __future__ import annotations
 import errno
 import logging
 import math
-import os
 import shutil
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +35,11 @@ from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier
 from grpo_sentinel.service.distributed import SINGLE, Dist
 from grpo_sentinel.service.grpo.rollout import sample
 from grpo_sentinel.service.grpo.step import Policy, grpo_step
-from grpo_sentinel.telemetry.record import RunRecord, recorded_steps
 from grpo_sentinel.service.rewards import RewardScorer, StepAbandoned
 from grpo_sentinel.service.runs import EXIT_CODES, EXIT_DISK, Interrupted, RunDir, RunDirError
-from grpo_sentinel.telemetry.drops import DROPS
-from grpo_sentinel.telemetry.health import ingest
-from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
-from grpo_sentinel.telemetry.health.monitor import HealthMonitor
-from grpo_sentinel.telemetry.interface import StepSink, annotate, record_baseline
-from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Scales, StepStats
+from grpo_sentinel.telemetry.record import recorded_steps
+from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, StepStats
+from grpo_sentinel.telemetry.session import Book, RunSession, StepSink, run_scales
 from grpo_sentinel.telemetry.traces import TraceSink
 
 log = logging.getLogger(__name__)
@@ -52,17 +51,17 @@ class DiskFull(RuntimeError):
 
 @dataclass
 class LoopState:
-    """Everything the loop needs besides weights and optimizer to continue exactly."""
+    """Everything the loop needs besides weights, optimizer and the telemetry Book to continue exactly."""
 
     step: int = 0
     cursor: int = 0  # position in the (seed, epoch)-shuffled prompt stream
     consecutive_faults: int = 0
     faults: dict[str, int] = field(default_factory=dict)  # skipped updates by reason
-    invalid_rewards: int = 0
-    baseline: dict | None = None  # Eval at step 0
-    last_eval: dict | None = None
-    last_eval_step: int = 0
-    conditions: dict[str, int] = field(default_factory=dict)  # health condition -> first step it was active
+
+
+# A checkpoint's loop state holds LoopState's fields and rank 0's telemetry Book (baseline, evaluations,
+# conditions, invalid rewards): a resume continues both.
+_BOOK = tuple(f.name for f in fields(Book))
 
 
 @dataclass(frozen=True)
@@ -142,12 +141,13 @@ def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SI
 
 def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world_size: int = 1) -> RunInfo:
     vocab = policy.model.get_output_embeddings().weight.shape[0]
-    max_reward = max(1.0, sum(max(r.weight, 0.0) for r in cfg.rewards))
     g = cfg.grpo
+    scales = run_scales(ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens, group_size=g.group_size,
+                        prompts_per_step=g.prompts_per_step, rewards=[(r.name, r.weight) for r in cfg.rewards],
+                        window=cfg.health.window)
     # The model's name, not its path: the run info reaches open /metrics and traces.
-    return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type,
-                   scales=Scales(max_reward=max_reward, ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens),
-                   attempt=attempt, world_size=world_size,
+    return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type, scales=scales,
+                   attempt=attempt, world_size=world_size, traces_project=cfg.traces.project_id,
                    sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens})
 
 
@@ -191,8 +191,9 @@ class Trainer:
     def __init__(self, cfg: Config, run: RunDir, sinks: Sequence[StepSink] = (), traces: TraceSink | None = None,
                  dist: Dist = SINGLE):
         self.cfg, self.run, self.dist = cfg, run, dist
-        main = dist.main  # rank 0 alone records, watches, traces and checkpoints; every rank trains its shard
-        self.traces = traces if main else None  # also a sink; it plans each step's traces before any sink sees it
+        # Rank 0 alone records, watches, traces and checkpoints; every rank trains its shard.
+        self.session = RunSession(run.path, steps=cfg.run.steps, world_size=dist.world, sinks=sinks, traces=traces,
+                                  health=cfg.health, guard=self._disk) if dist.main else None
         self._stop_reason: str | None = None
         self._stop = threading.Event()  # set by request_stop(): the scorer stops waiting on rewards
         self.data: Datasets = load_datasets(cfg.data, cfg.run.seed)  # before the model: bad data fails fast
@@ -201,20 +202,10 @@ class Trainer:
         self.scorer = RewardScorer(cfg.rewards, Verifier(cfg.data.verifier), cfg.grpo,
                                    self._stop if dist.world == 1 else None)
         self.sampler = BatchSampler(len(self.data.train), cfg.run.seed)
-        self.record = RunRecord(run.path, [r.name for r in cfg.rewards], traces.links.trace if traces else None) \
-            if main else None
-        self.sinks = [self.record, *sinks, *([traces] if traces else [])] if main else []
-        h = cfg.health
-        window = h.window or auto_window(cfg.grpo.prompts_per_step * cfg.grpo.group_size)
-        self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window),
-                                     group_size=cfg.grpo.group_size) if h.enabled and main else None
         self._healthy = True  # no critical condition active: checkpoints also become `last-healthy`
         self.policy: Policy | None = None
         self.state = LoopState()
-        self.attempt = 0
         self._saved_step = 0  # the step of the newest complete checkpoint: the resume point
-        self._started = False  # sinks started: close() must close them
-        self._t0 = time.monotonic()
 
     @property
     def run_dir(self) -> Path:
@@ -272,24 +263,17 @@ class Trainer:
         resumed = self._restore(ckpt)
         if not dist.main:
             return True
-        # Each start is the next attempt, recorded before anything is traced: trace ids carry it, so a
-        # resumed run never re-emits the ids of the steps it re-does.
-        self.attempt = summary.get("attempt", 0) + 1
-        info = run_info(cfg, self.run_dir, self.policy, self.attempt, dist.world)
-        self._write_summary("running")
-        self.run.event("resumed" if resumed else "started", attempt=self.attempt, step=self.state.step, pid=os.getpid())
-        for sink in [*self.sinks, self.monitor] if self.monitor else self.sinks:
-            sink.start(info)
-        self._started = True
-        self.record.open(self.state.step if resumed else None)
-        if resumed and self.monitor and self.state.step > 0:
-            self.monitor.seed(ingest.load(self.run_dir / "steps.csv"))
+        # Each start is the next attempt, on disk before anything is traced (trace ids carry it).
+        session = self.session
+        attempt = summary.get("attempt", 0) + 1
+        session.begin(self.state.step, attempt, resumed, **self._summary_fields())
+        info = run_info(cfg, self.run_dir, self.policy, attempt, dist.world)
+        session.start(info, self.state.step if resumed else None)
         if not resumed:
             ev = evaluate(self.policy, self.data.heldout, cfg)
-            self.state.baseline = self.state.last_eval = ev.accuracy()
-            record_baseline(StepStats.partial(0, eval=ev), self.record, self.monitor, self.traces)
+            session.baseline(ev)
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
-        self._t0 = time.monotonic()
+        session.reset_clock()  # seconds_this_session: the loop's own time
         return True
 
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -319,13 +303,9 @@ class Trainer:
         """Rank 0, after a step: the health verdict, the record and every sink; then (final status or
         None, checkpoint now?)."""
         cfg, st = self.cfg, self.state
-        stats, verdict = annotate(stats, self.monitor, self.traces)
+        stats, verdict = self.session.step(stats)
         if verdict is not None:
             self._healthy = not verdict.critical
-            for c in verdict.new:
-                st.conditions.setdefault(c.id, c.first_step)
-        for sink in self.sinks:
-            self._disk(sink.on_step, stats)
         if st.consecutive_faults >= cfg.run.max_consecutive_faults:
             log.error("halting: %d skipped updates in a row (last: %s)", st.consecutive_faults, stats.skipped)
             return "halted", True
@@ -341,18 +321,7 @@ class Trainer:
         code = EXIT_CODES[status] if exit_code is None else exit_code
         if not self.dist.main:
             return RunResult(status, self.run_dir, self._saved_step, code, reason)
-        if self._started:
-            for sink in self.sinks:
-                try:
-                    sink.close()
-                except Exception:  # noqa: BLE001 - one sink's failure must not lose the summary
-                    log.exception("closing %s failed", type(sink).__name__)
-            self._started = False
-        try:
-            self._write_summary(status, reason)
-            self.run.event("ended", status=status, step=self._saved_step, reason=reason)
-        except OSError as e:  # a full disk: the record up to the newest checkpoint stands
-            log.error("cannot write the summary of %s: %s", self.run_dir, e)
+        self.session.close(status, self._saved_step, reason, **self._summary_fields())
         self.run.unlock()
         return RunResult(status, self.run_dir, self._saved_step, code, reason)
 
@@ -371,7 +340,6 @@ class Trainer:
         st.step, st.cursor = step, st.cursor + len(batch)
         if stats is None:
             return None
-        st.invalid_rewards += stats.invalid_rewards
         if stats.skipped:
             st.consecutive_faults += 1
             st.faults[stats.skipped] = st.faults.get(stats.skipped, 0) + 1
@@ -379,9 +347,7 @@ class Trainer:
         else:
             st.consecutive_faults = 0
         if step % cfg.run.sample_every == 0 or step == cfg.run.steps:
-            ev = evaluate(self.policy, self.data.heldout, cfg)
-            st.last_eval, st.last_eval_step = ev.accuracy(), step
-            stats = replace(stats, eval=ev)
+            stats = replace(stats, eval=evaluate(self.policy, self.data.heldout, cfg))
         return stats
 
     def _stopped(self) -> str:
@@ -424,16 +390,16 @@ class Trainer:
 
     def _save(self) -> bool:
         p = self.policy
+        loop = {**asdict(self.state), **asdict(self.session.book)}
         try:
             saved = self._disk(checkpoint.save, self.run_dir / "checkpoints", self.state.step, p.model, p.optimizer,
-                               p.scheduler, asdict(self.state), self.cfg.run.keep_checkpoints)
+                               p.scheduler, loop, self.cfg.run.keep_checkpoints)
         except checkpoint.CheckpointError as e:  # the previous clean checkpoint stays the resume point
             log.error("%s", e)
             return False
         if self._healthy:  # a rollback target that no critical condition had touched
             self._disk(checkpoint.mark_last_healthy, saved)
-        if self.traces:  # bounded: after a crash, only the steps the resume re-does lack their traces
-            self.traces.flush()
+        self.session.flush()  # bounded: after a crash, only the steps the resume re-does lack their traces
         return True
 
     def _restore(self, ckpt: checkpoint.Checkpoint | None) -> bool:
@@ -444,7 +410,10 @@ class Trainer:
         p = self.policy
         problem = ""
         try:
-            self.state = LoopState(**checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler))
+            loop = checkpoint.load(ckpt, p.model, p.optimizer, p.scheduler)
+            self.state = LoopState(**{k: v for k, v in loop.items() if k not in _BOOK})
+            if self.session:
+                self.session.book = Book(**{k: loop[k] for k in _BOOK})
         except (RuntimeError, ValueError, KeyError, TypeError) as e:
             problem = f"{ckpt.path} does not fit this model and config ({e}); the run cannot resume with them"
         if self.dist.main and not problem:
@@ -459,14 +428,6 @@ class Trainer:
         log.info("resuming from %s (step %d)", ckpt.path, self.state.step)
         return True
 
-    def _write_summary(self, status: str, reason: str = "") -> None:
-        st = self.state
-        self.run.update_summary(**{  # keeps what others wrote there (the daemon's submitted_at)
-            "status": status, "step": self._saved_step if status != "running" else st.step, "steps": self.cfg.run.steps,
-            "attempt": self.attempt, "pid": os.getpid(), "reason": reason, "world_size": self.dist.world,
-            "seconds_this_session": round(time.monotonic() - self._t0, 1),
-            "baseline": st.baseline, "final_eval": st.last_eval, "final_eval_step": st.last_eval_step,
-            "skipped_updates": st.faults, "invalid_rewards": st.invalid_rewards,
-            "health_conditions": st.conditions, "data_notes": list(self.data.notes),
-            "telemetry_dropped": DROPS.report(),  # what metrics and traces could not deliver (also on /metrics)
-        })
+    def _summary_fields(self) -> dict:
+        """What summary.json says of this trainer beyond what every trainer's session says."""
+        return {"skipped_updates": self.state.faults, "data_notes": list(self.data.notes)}

@@ -3,7 +3,8 @@ sampling point, first columns `step,reward,kl,loss,sample_acc`).
 
 Rows are appended and flushed as they happen. Opening for a resume from step s drops every row
 past s (and a torn last line), so after any crash and resume each step is there exactly once.
-A sink like the others (in telemetry: a trainer that is not ours, e.g. TRL's, writes the same record).
+A sink like the others, the first of a run's RunSession (session.py), so that any trainer, ours or
+TRL's, writes the same record.
 """
 
 from __future__ import annotations

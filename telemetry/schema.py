@@ -6,22 +6,31 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field  # the ranges a persisted Scales must hold (runfiles.read_run_info checks them)
 
 
 @dataclass(frozen=True)
 class Scales:
-    """Run constants that bound the metrics (histogram buckets, normalisations)."""
+    """Run constants that bound the metrics (histogram buckets, normalisations) and size the health
+    detectors. Persisted with the RunInfo in the run directory's run.json (telemetry/runfiles.py):
+    what `diagnose` reads of a run besides its record. telemetry/session.py derives them once."""
 
-    max_reward: float  # largest achievable combined reward (sum of positive weights: built-ins score 0/1)
-    ln_vocab: float
-    max_new_tokens: int
+    max_reward: Annotated[float, Field(gt=0)]  # largest combined reward (session.max_reward)
+    ln_vocab: Annotated[float, Field(gt=0)]  # the entropy ceiling ln V
+    max_new_tokens: Annotated[int, Field(ge=1)]  # the completion cap
+    group_size: Annotated[int, Field(ge=1)] | None = None  # G, completions per prompt (None: not known)
+    # New prompts per optimizer step (TRL: completions per step / G, which need not be whole).
+    prompts_per_step: Annotated[float, Field(gt=0)] | None = None
+    window: Annotated[int, Field(ge=2)] | None = None  # the detectors' window in record rows (session.detector_window)
+    reward_weights: dict[str, float] = field(default_factory=dict)  # reward function -> weight, in the record's order
 
 
 @dataclass(frozen=True)
 class RunInfo:
-    """Told to every sink once the model is loaded, before the first step."""
+    """Told to every sink once the model is loaded, before the first step; run.json keeps it."""
 
     run_id: str
     model: str
@@ -30,6 +39,7 @@ class RunInfo:
     attempt: int = 1  # how many times this run has been started (a resume is the next attempt)
     world_size: int = 1  # training processes (ranks); rank 0 reports for all
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, max_new_tokens
+    traces_project: str | None = None  # the Langfuse project of the run's traces (traces.project_id), for links
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from helpers import cli, new_run
 from grpo_sentinel.telemetry.health.detectors import diagnose, lead_time
 from grpo_sentinel.telemetry.health.ingest import IngestError, RunLog, load
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.schema import RunInfo
 
 BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
 PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"
@@ -167,6 +168,8 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
     log = load(tmp_path / "r")  # the run directory
     assert log.format == "sentinel" and len(log) == 30
     assert log.group_size == 8 and log.max_new_tokens == 6 and log.eval_n == 200
+    # run.json: the trainer's own window (~400 completions at 8 x 8 a step: ceil(400 / 64) = 7) and reward scale.
+    assert (log.completions_per_step, log.window, log.max_reward) == (64, 7, 1.0)
     assert log.ln_vocab == pytest.approx(np.log(15), rel=1e-3)
     d = diagnose(log)
     assert not [c for c in d.conditions if c.severity == "critical"]
@@ -176,16 +179,25 @@ def test_diagnose_reads_our_own_run_record(tmp_path, demo_dir):
 
 
 def test_diagnose_uses_the_window_the_run_was_trained_with(tmp_path):
-    """A run directory's config.yaml says G, prompts per step and health.window: the offline windows
-    are then the trainer's own (set window beats the ~400-completion rule)."""
+    """A run directory's run.json says G, prompts per step and the window: the offline windows are then
+    the trainer's own (a set window beats the ~400-completion rule). config.yaml is not read."""
+    from grpo_sentinel.telemetry import runfiles
     from grpo_sentinel.telemetry.health.ingest import load
+    from grpo_sentinel.telemetry.session import run_scales
 
     (tmp_path / "steps.csv").write_text("step,reward,kl,loss\n" + "".join(f"{i},0.5,0.01,0\n" for i in range(1, 31)))
-    (tmp_path / "config.yaml").write_text("grpo: {group_size: 8, prompts_per_step: 8}\nhealth: {window: 9}\n")
+    (tmp_path / "config.yaml").write_text("grpo: {group_size: 4, prompts_per_step: 2}\nhealth: {window: 3}\n")
+    scales = run_scales(ln_vocab=np.log(15), max_new_tokens=6, group_size=8, prompts_per_step=8,
+                        rewards=[("correct", 1.0), ("format", 0.5)], window=9)
+    runfiles.write_run_info(tmp_path, RunInfo("r", "demo", "grpo", scales))
     log = load(tmp_path, "auto")
-    assert (log.completions_per_step, log.window) == (64, 9)
+    assert (log.completions_per_step, log.window, log.group_size, log.max_reward) == (64, 9, 8, 1.5)
     out = subprocess.run(cli("diagnose", str(tmp_path), "--json"), capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["summary"]["reward_curve"]["window"] == 9, out.stdout[:500]
+    (tmp_path / "run.json").unlink()  # a run directory from before run.json: config.yaml is said, never read
+    log = load(tmp_path, "auto")
+    assert (log.group_size, log.window, log.completions_per_step) == (None, None, None)
+    assert any("no run.json" in n and "--window" in n for n in log.notes), log.notes
 
 
 def test_damage_read_from_the_reward_is_a_proxy_and_needs_its_noise():

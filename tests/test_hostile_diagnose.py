@@ -26,6 +26,12 @@ def trl(history) -> str:
 
 VALID = [{"step": s, "reward": 0.5, "kl": 0.01, "loss": 0.0} for s in range(1, 31)]
 
+
+def run_json(**scales) -> str:
+    """A run.json as telemetry writes it (runfiles.write_run_info), its scales changed as given."""
+    good = {"max_reward": 1.0, "ln_vocab": 2.7, "max_new_tokens": 6, "group_size": 8, "prompts_per_step": 8, "window": 7}
+    return json.dumps({"run_id": "run", "model": "demo", "loss_type": "grpo", "scales": {**good, **scales}})
+
 # name: (files to create {relative path: text or bytes}, diagnose/rules arguments ({d} = the tmp dir),
 #        exit code, text stderr must contain, files expected afterwards besides the inputs)
 CASES = {
@@ -40,15 +46,20 @@ CASES = {
         {"trainer_state.json": json.dumps({"log_history": 5})},
         ["diagnose", "{d}/trainer_state.json"], 2, "no 'log_history' list", set()),
     "trl not json": ({"trainer_state.json": "{not json"}, ["diagnose", "{d}/trainer_state.json"], 2, "not valid JSON", set()),
-    "run directory with a broken config.yaml": (
-        {"run/steps.csv": good_csv(), "run/config.yaml": "grpo: [unclosed\n"},
-        ["diagnose", "{d}/run"], 2, "run/config.yaml: not valid YAML", set()),
-    "run directory with a wrongly typed config field": (
-        {"run/steps.csv": good_csv(), "run/config.yaml": "grpo: {group_size: eight}\n"},
-        ["diagnose", "{d}/run"], 2, "config.yaml: grpo.group_size must be a positive whole number, got 'eight'", set()),
-    "run directory whose config.yaml is a list": (
-        {"run/steps.csv": good_csv(), "run/config.yaml": "- 1\n- 2\n"},
-        ["diagnose", "{d}/run"], 2, "expected a mapping of sections", set()),
+    "run directory with a torn run.json": (
+        {"run/steps.csv": good_csv(), "run/run.json": '{"run_id": "r", "scales": {'},
+        ["diagnose", "{d}/run"], 2, "run/run.json: not a run.json as telemetry writes it (the file: Invalid JSON", set()),
+    "run directory with a wrongly typed run.json field": (
+        {"run/steps.csv": good_csv(), "run/run.json": run_json(group_size="eight", window=1)},
+        ["diagnose", "{d}/run"], 2, "scales.group_size: Input should be a valid integer, unable to parse string as an "
+                                    "integer; scales.window: Input should be greater than or equal to 2", set()),
+    "run directory whose run.json is a list": (
+        {"run/steps.csv": good_csv(), "run/run.json": "[1, 2]"},
+        ["diagnose", "{d}/run"], 2, "run.json: not a run.json as telemetry writes it (the file: Input should be an object)",
+        set()),
+    # config.yaml is the service's file: diagnose never reads it, whatever it holds.
+    "run directory from before run.json, with a broken config.yaml": (
+        {"run/steps.csv": good_csv(), "run/config.yaml": "grpo: [unclosed\n"}, ["diagnose", "{d}/run"], 0, "", set()),
     "window -3": ({"s.csv": good_csv()}, ["diagnose", "{d}/s.csv", "--window", "-3"], 2, "--window: must be >= 2", set()),
     "window 0": ({"s.csv": good_csv()}, ["diagnose", "{d}/s.csv", "--window", "0"], 2, "--window: must be >= 2", set()),
     "window not a number": ({"s.csv": good_csv()}, ["diagnose", "{d}/s.csv", "--window", "5x"], 2, "not a whole number", set()),

@@ -19,7 +19,6 @@ def trainer(tmp_path, demo_dir):
         from grpo_sentinel.service.trainer import build_policy
 
         t.policy = build_policy(cfg)
-        t.record.open(None)
         return t
     return make
 

@@ -26,7 +26,7 @@ import trl_run
 from helpers import REPO, cli, free_port, prometheus_server, query_range, wait_for
 from grpo_sentinel.integrations import trl_stats
 from grpo_sentinel.integrations.trl import NOT_FED, SUPPORTED, SentinelCallback, SentinelSetupError
-from grpo_sentinel.telemetry import dashboard
+from grpo_sentinel.telemetry import dashboard, runfiles
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
 
 STEPS, EVAL_EVERY, EVAL_PROMPTS = 12, 6, 4  # 12 rows: the monitor's early entropy baseline needs 10
@@ -112,6 +112,13 @@ def test_the_record_has_one_row_per_logged_step_with_trls_values(run):
     assert summary["status"] == "completed" and summary["step"] == STEPS and summary["trainer"] == "trl"
     assert summary["metrics_port"] == run["cb"].telemetry.prometheus_port and summary["telemetry_errors"] == 0
     assert "num_tokens" in summary["trl_keys_not_recorded"]
+    # run.json: the scales diagnose reads (TRL's own arguments are in trl-args.json; no config.yaml imitated).
+    info = runfiles.read_run_info(run["dir"] / "run.json")
+    assert not (run["dir"] / "config.yaml").exists()
+    # 16 completions a step in groups of G = 4; window as set; the largest reward 1 + 1 (two weights of 1).
+    assert (info.scales.group_size, info.scales.prompts_per_step, info.scales.window) == (trl_run.G, 4, 4)
+    assert info.scales.reward_weights == {"correct": 1.0, "short": 1.0} and info.scales.max_reward == 2.0
+    assert info.scales.max_new_tokens == 6 and info.run_id == "trl" and info.world_size == 1
 
 
 def test_derived_advantages_are_trls_own(run):
@@ -168,6 +175,8 @@ def test_two_processes_make_one_run_and_one_metrics_endpoint(tmp_path, prometheu
     assert [(r["rank"], r["metrics_port"], r["step"]) for r in ranks] == [(0, target, 3), (1, None, 3)]
     assert [d.name for d in (tmp_path / "runs").iterdir()] == ["two"]
     assert [r["step"] for r in records(tmp_path / "runs" / "two" / "steps.csv")] == ["1", "2", "3"]
+    summary = json.loads((tmp_path / "runs" / "two" / "summary.json").read_text())
+    assert runfiles.read_run_info(tmp_path / "runs" / "two" / "run.json").world_size == summary["world_size"] == 2
 
     def last(expr: str) -> float:
         return float(query(f"sum(last_over_time({expr}[5m]))")[0]["value"][1])

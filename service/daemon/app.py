@@ -226,9 +226,10 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
              response_class=PlainTextResponse)
     def report(run_id: str) -> Response:
         """The `grpo-sentinel diagnose` markdown report of the run so far."""
-        from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
+        from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
         from grpo_sentinel.telemetry.health.ingest import load
         from grpo_sentinel.telemetry.health.report import to_markdown, with_generations
+        from grpo_sentinel.telemetry.session import detector_window
 
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():
@@ -237,7 +238,7 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
             runlog = load(path)
         except (ValueError, OSError) as e:
             raise HTTPException(409, f"run {run_id!r}: its record cannot be read ({e})") from None
-        th = Thresholds(window=runlog.window or auto_window(runlog.completions_per_step))
+        th = Thresholds(window=detector_window(runlog.window, runlog.completions_per_step))
         return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
     app.state.stopping = threading.Event()  # set when the daemon begins to shut down: the streams end first

@@ -20,7 +20,6 @@ import ctypes
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from grpo_sentinel.service.config import Config
 from grpo_sentinel.service.daemon import TOKEN_ENV
 from grpo_sentinel.service.runs import EXIT_DISK, FINISHED, RunDir, RunDirError
+from grpo_sentinel.telemetry import runfiles
 from grpo_sentinel.telemetry.catalogue import DAEMON
 
 log = logging.getLogger(__name__)
@@ -139,11 +139,11 @@ class Supervisor:
         """Queue a run (a validated config); returns its id. Under the daemon a run serves its metrics on
         loopback only (the daemon's /metrics carries them) and lives in the state directory. All or
         nothing: if any write fails (a full volume), the run directory is removed and nothing is queued."""
-        run_id = cfg.run.run_id or f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
         cfg = cfg.model_copy(deep=True)
-        cfg.run.run_id, cfg.run.out_dir = run_id, str(self.runs_dir)
         cfg.telemetry.prometheus_host, cfg.telemetry.prometheus_port = "127.0.0.1", 0
         with self._lock:
+            run_id = cfg.run.run_id or runfiles.new_run_id(self.runs_dir, cfg.run.seed)
+            cfg.run.run_id, cfg.run.out_dir = run_id, str(self.runs_dir)
             if run_id in self._order:
                 raise RunDirError(f"run {run_id!r} already exists")
             run = RunDir.new(self.runs_dir, run_id, cfg)

@@ -60,9 +60,10 @@ def diagnose_command(args) -> int:
         except ImportError:
             return _fail("--plot needs matplotlib: .venv/bin/pip install -e '.[plot]'")
 
-    from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose
+    from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
     from grpo_sentinel.telemetry.health.ingest import IngestError, load
     from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text, with_generations
+    from grpo_sentinel.telemetry.session import detector_window
 
     try:
         log = load(args.path, args.format)
@@ -75,8 +76,7 @@ def diagnose_command(args) -> int:
     log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
     log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
     log.eval_n = args.eval_n or log.eval_n
-    window = args.window or log.window or auto_window(log.completions_per_step)
-    th = Thresholds(window=window)
+    th = Thresholds(window=detector_window(args.window or log.window, log.completions_per_step))
     result = with_generations(diagnose(log, th), log)
     if args.plot:
         try:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
+
+from grpo_sentinel.telemetry.runfiles import RUN_INFO, read_run_info
 
 
 class IngestError(ValueError):
@@ -366,9 +367,11 @@ def _sentinel(path: Path) -> RunLog:
         _, base = _read_csv(curve)
         if base and _number(base[0].get("step")) == 0 and math.isfinite(_number(base[0].get("sample_acc"))):
             log.baseline_acc = _number(base[0]["sample_acc"])
-    cfg_path = path.parent / "config.yaml"
-    if cfg_path.is_file():
-        _read_config(log, cfg_path)
+    if (path.parent / RUN_INFO).is_file():
+        _read_run_info(log, path.parent / RUN_INFO)
+    elif (path.parent / "config.yaml").is_file():  # the legacy path: said, not read (it is the service's file)
+        log.notes.append(f"{path.parent}: no run.json (recorded before telemetry wrote one): G, the window and the "
+                         "largest reward are not known from the run; give --window (and --max-new-tokens)")
     if log.has("entropy_norm") and log.has("entropy"):
         ratio = log.series["entropy"] / log.series["entropy_norm"]
         ok = np.isfinite(ratio) & (ratio > 0)
@@ -382,48 +385,20 @@ def _sentinel(path: Path) -> RunLog:
     return log
 
 
-def _read_config(log: RunLog, cfg_path: Path) -> None:
-    """G, prompts per step, max_new_tokens, health.window and the reward weights from the run's config.yaml."""
+def _read_run_info(log: RunLog, path: Path) -> None:
+    """G, prompts per step, max_new_tokens, the window, the largest reward, ln V and the traces' project
+    from the run's run.json (telemetry writes it at each start: session.py). A run directory from
+    before run.json (only config.yaml, the service's own file) gives none of these: --window and the
+    other flags say them."""
     try:
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise IngestError(f"{cfg_path}: not valid YAML ({str(e).splitlines()[0]}); fix it, or diagnose a copy of "
-                          "steps.csv outside the run directory") from None
-    if not isinstance(cfg, dict):
-        raise IngestError(f"{cfg_path}: expected a mapping of sections (grpo:, health:, ...), got {type(cfg).__name__}")
-
-    def section(name: str) -> dict:
-        s = cfg.get(name) or {}
-        if not isinstance(s, dict):
-            raise IngestError(f"{cfg_path}: '{name}' must be a mapping, got {s!r}")
-        return s
-
-    def whole(sec: str, key: str, value) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise IngestError(f"{cfg_path}: {sec}.{key} must be a positive whole number, got {value!r}")
-        return value
-
-    g, h = section("grpo"), section("health")
-    log.group_size = whole("grpo", "group_size", g.get("group_size"))
-    log.max_new_tokens = whole("grpo", "max_new_tokens", g.get("max_new_tokens"))
-    prompts = whole("grpo", "prompts_per_step", g.get("prompts_per_step"))
-    if log.group_size and prompts:
-        log.completions_per_step = log.group_size * prompts
-    log.window = whole("health", "window", h.get("window"))  # the trainer's own window, when it was set
-    project = section("traces").get("project_id")
-    log.trace_project = project if isinstance(project, str) else None
-    specs = cfg.get("rewards") or []
-    if not isinstance(specs, list) or not all(isinstance(r, dict) for r in specs):
-        raise IngestError(f"{cfg_path}: 'rewards' must be a list of {{name, weight}}, got {specs!r}")
-    weights = []
-    for r in specs:
-        w = r.get("weight", 1.0)
-        if isinstance(w, bool) or not isinstance(w, (int, float)):
-            raise IngestError(f"{cfg_path}: rewards[{r.get('name', '?')}].weight must be a number, got {w!r}")
-        weights.append(max(float(w), 0.0))
-    log.max_reward = max(1.0, sum(weights))
+        info = read_run_info(path)
+    except ValueError as e:
+        raise IngestError(f"{e}; fix it, or diagnose a copy of steps.csv outside the run directory") from None
+    sc = info.scales
+    log.group_size, log.max_new_tokens, log.window = sc.group_size, sc.max_new_tokens, sc.window
+    log.max_reward, log.ln_vocab, log.trace_project = sc.max_reward, sc.ln_vocab, info.traces_project
+    if sc.group_size and sc.prompts_per_step:
+        log.completions_per_step = round(sc.group_size * sc.prompts_per_step)
 
 
 def _book(path: Path) -> RunLog:

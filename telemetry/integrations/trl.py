@@ -11,10 +11,14 @@ functions also record each completion's rewards, so the per-completion histogram
 advantages (derived with the trainer's own num_generations and scale_rewards) and the all-correct /
 all-wrong split exist too; without them those are absent, never guessed.
 
+The run itself is a RunSession (telemetry/session.py), the one the native trainer holds: the record,
+/metrics, the monitor and traces, the summary, events.jsonl and run.json (the scales `diagnose`
+reads). What is here is the mapping of TRL's logs onto its rows.
+
 Once per job: TRL calls every callback on every rank, but only the world's process zero keeps the
-run (record, /metrics, monitor, traces). The other ranks send it their share of the per-completion
-rewards (TRL gathers its logged means itself; a group can span ranks) and take its health action,
-so that every rank stops at the same step.
+run (its session). The other ranks send it their share of the per-completion rewards (TRL gathers
+its logged means itself; a group can span ranks) and take its health action, so that every rank
+stops at the same step.
 
 Telemetry never stops training: a failure in it is logged, counted in summary.json, and TRL trains
 on. Input the callback cannot use fails before training: its options and the TRL version at
@@ -31,14 +35,11 @@ import math
 import os
 import re
 import threading
-import time
 from dataclasses import replace
-from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
 import torch
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from pydantic import BaseModel, ValidationError
@@ -47,14 +48,10 @@ from transformers import TrainerCallback
 from grpo_sentinel.integrations import trl_stats
 from grpo_sentinel.integrations.trl_stats import Generation, Setup
 from grpo_sentinel.telemetry import runfiles
-from grpo_sentinel.telemetry.drops import DROPS
-from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
 from grpo_sentinel.telemetry.health.ingest import CORRECTNESS
-from grpo_sentinel.telemetry.health.monitor import HealthMonitor
-from grpo_sentinel.telemetry.interface import annotate, record_baseline
 from grpo_sentinel.telemetry.otel import OTelSink, otlp_exporter_from_env
-from grpo_sentinel.telemetry.record import RunRecord
-from grpo_sentinel.telemetry.schema import RunInfo, Scales, StepStats
+from grpo_sentinel.telemetry.schema import RunInfo, StepStats
+from grpo_sentinel.telemetry.session import RunSession, run_scales
 from grpo_sentinel.telemetry.settings import HealthSettings, TelemetrySettings, TracesSettings, error_lines
 from grpo_sentinel.telemetry.traces import trace_sink
 
@@ -419,14 +416,14 @@ class SentinelCallback(TrainerCallback):
 
 
 class _Run:
-    """Process zero's side of one trainer.train(): the run directory, the sinks, the monitor."""
+    """Process zero's side of one trainer.train(): the run directory, its RunSession (the sinks, the
+    monitor, the summary: telemetry/session.py), and the mapping of TRL's logs onto its rows."""
 
     def __init__(self, cb: SentinelCallback, args, state, model, processing_class):
         if model is None:
             raise SentinelSetupError("on_train_begin got no model: SentinelCallback reads a GRPOTrainer")
         self.cb, self.args = cb, args
         self.dir = _new_run_dir(cb.out_dir, cb.run_id, args.seed)
-        self.t0 = time.monotonic()
         self.last_logged = state.global_step  # a row covers the steps since the previous one
         self.ln_vocab, self.stop_tokens, self.model_name = _model_facts(model, processing_class)
         # New completions per optimizer step (a generation batch serves num_iterations steps), and per row.
@@ -434,28 +431,22 @@ class _Run:
                                      * args.gradient_accumulation_steps / args.num_iterations)
         self.logging_steps = state.logging_steps if _value(args.logging_strategy) == "steps" else 1
         self.setup: Setup | None = None  # from the first log: it names the reward functions
-        self.sinks: list = []
-        self.record: RunRecord | None = None
-        self.traces = self.monitor = None
         self.pending: StepStats | None = None  # a row waiting for the evaluation TRL runs right after it
         self.gens: list[Generation] = []
         self.sampled = bool(_RECORDER.names)  # wrapped rewards give per-completion values
         self.curve_at_evals = False
-        self.rows = self.invalid_rewards = self.errors = 0
+        self.rows = 0
         self.action = self.because = ""
-        self.conditions: dict[str, int] = {}
-        self.baseline = self.final_eval = None
-        self.final_eval_step = 0
         self.unrecorded: dict[str, str] = {}
         self.trl_train: dict[str, float] = {}
         self.closed = False
         (self.dir / "trl-args.json").write_text(args.to_json_string())
-        self._summary(status="running", trainer="trl", trl_version=cb.trl_version, step=state.global_step,
-                      steps=state.max_steps, attempt=1, pid=os.getpid(), reason="", metrics_port=cb.metrics_port,
-                      logging_steps=state.logging_steps,
-                      rows=f"each row of steps.csv holds TRL's means over its steps_in_row optimizer steps (logging_steps"
-                           f"={state.logging_steps}; grad_norm and lr: the row's last step)")
-        runfiles.event(self.dir / "events.jsonl", "started", step=state.global_step, pid=os.getpid(), trainer="trl")
+        self.session = RunSession(self.dir, steps=state.max_steps, world_size=args.world_size,
+                                  sinks=[cb._otel] if cb._otel else [], traces=trace_sink(cb.traces), health=cb.health,
+                                  origin={"trainer": "trl", "trl_version": cb.trl_version})
+        self.session.begin(state.global_step, metrics_port=cb.metrics_port, logging_steps=state.logging_steps,
+                           rows=f"each row of steps.csv holds TRL's means over its steps_in_row optimizer steps "
+                                f"(logging_steps={state.logging_steps}; grad_norm and lr: the row's last step)")
         atexit.register(self._exit)
         log.info("SentinelCallback: run %s (TRL %s)%s", self.dir, cb.trl_version,
                  f", metrics on port {cb.metrics_port}" if cb.metrics_port else "")
@@ -467,8 +458,8 @@ class _Run:
         try:
             return self._log(state, control, logs, gens, kwargs)
         except Exception:  # noqa: BLE001 - telemetry never stops training
-            self.errors += 1
-            if self.errors == 1:
+            self.session.errors += 1
+            if self.session.errors == 1:
                 log.exception("SentinelCallback: recording step %d failed; TRL trains on (failures are counted in "
                               "summary.json, telemetry_errors)", state.global_step)
             return ""
@@ -500,16 +491,16 @@ class _Run:
         if ev is None:
             return ""
         if self.rows == 0 and self.pending is None:  # before the first update (eval_on_start): the baseline
-            self._baseline(StepStats.partial(state.global_step, eval=ev))
+            self.session.baseline(ev, state.global_step)
             return ""
         return self._emit(StepStats.partial(state.global_step, steps_in_row=0, eval=ev))  # an evaluation alone
 
     def _start(self, names: list[str]) -> bool:
-        """The sinks and the monitor, once a log names the reward functions (the record's columns, the
-        reward scale). False while no log has."""
+        """The session's sinks and monitor, once a log names the reward functions (the record's columns,
+        the reward scale). False while no log has."""
         if not names:
             return False
-        a = self.args
+        a, cb = self.args, self.cb
         weights = tuple(float(w) for w in a.reward_weights) if a.reward_weights else (1.0,) * len(names)
         self.setup = Setup(a.num_generations, a.scale_rewards, a.multi_objective_aggregation, tuple(names), weights,
                            self.ln_vocab, self._correctness(names), self.stop_tokens)
@@ -518,28 +509,16 @@ class _Run:
                         "are off (wrap every reward function)", names, list(_RECORDER.names))
             self.sampled = False
         self.curve_at_evals = _value(a.eval_strategy) != "no" and self.setup.correctness is not None
-        window = self.cb.health.window or auto_window(round(self.completions_per_step * self.logging_steps))
-        self._write_config(window)
-        self._open_sinks(window)
+        # Windows count rows, and a row holds logging_steps optimizer steps.
+        scales = run_scales(ln_vocab=self.ln_vocab, max_new_tokens=a.max_completion_length,
+                            group_size=a.num_generations, prompts_per_step=self.completions_per_step / a.num_generations,
+                            rewards=list(zip(names, weights)), window=cb.health.window,
+                            steps_per_row=self.logging_steps, largest_reward=cb.max_reward)
+        self.session.start(RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type, scales=scales,
+                                   world_size=a.world_size, traces_project=cb.traces.project_id,
+                                   sampling={"temperature": a.temperature, "top_p": a.top_p,
+                                             "max_new_tokens": a.max_completion_length}))
         return True
-
-    def _open_sinks(self, window: int) -> None:
-        a, cb = self.args, self.cb
-        max_reward = cb.max_reward or max(1.0, sum(max(w, 0.0) for w in self.setup.weights))
-        info = RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type,
-                       scales=Scales(max_reward=max_reward, ln_vocab=self.ln_vocab, max_new_tokens=a.max_completion_length),
-                       sampling={"temperature": a.temperature, "top_p": a.top_p, "max_new_tokens": a.max_completion_length})
-        self.traces = trace_sink(cb.traces)
-        self.record = RunRecord(self.dir, list(self.setup.names), self.traces.links.trace if self.traces else None)
-        self.record.open(None)
-        self.sinks = [self.record, *([cb._otel] if cb._otel else []), *([self.traces] if self.traces else [])]
-        for sink in self.sinks:
-            sink.start(info)
-        h = cb.health
-        if h.enabled:
-            self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on), Thresholds(window=window),
-                                         group_size=a.num_generations)
-            self.monitor.start(info)
 
     def _correctness(self, names: list[str]) -> str | None:
         wanted = self.cb.correctness
@@ -556,60 +535,17 @@ class _Run:
         return trl_stats.samples(gens, self.setup) if gens and self.sampled else None
 
     def _emit(self, stats: StepStats) -> str:
-        """What the native trainer does after a step: verdict -> health fields -> traces -> every sink."""
-        stats, verdict = annotate(stats, self.monitor, self.traces)
-        if verdict is not None:
-            for c in verdict.new:
-                self.conditions.setdefault(c.id, c.first_step)
-        for sink in self.sinks:
-            self._guarded(sink.on_step, stats)
+        """A row through the session's pipeline (verdict, traces, every sink); the health action it calls for."""
+        stats, verdict = self.session.step(stats)
         self.rows += 1
-        self.invalid_rewards += stats.invalid_rewards
-        if stats.eval is not None:
-            self.final_eval, self.final_eval_step = _accuracy(stats.eval), stats.step
         if not self.curve_at_evals and self.rows % CURVE_EVERY == 0:
-            self._guarded(self.record.point)
+            self.session.point()
         if verdict is None or not verdict.action:
             return ""
         self.action, self.because = verdict.action, verdict.because
         log.warning("health: %s on %s at step %d (health.%s_on): ending the TRL run", verdict.action, verdict.because,
                     stats.step, verdict.action)
         return verdict.action
-
-    def _baseline(self, base: StepStats) -> None:
-        record_baseline(base, self.record, self.monitor, self.traces)
-        self.baseline = _accuracy(base.eval)
-
-    def _guarded(self, fn, *args, **kwargs) -> None:
-        try:
-            fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - one sink's failure must not stop the others, or training
-            self.errors += 1
-            if self.errors == 1:
-                log.exception("SentinelCallback: %s failed; TRL trains on", getattr(fn, "__qualname__", fn))
-
-    # -- files ---------------------------------------------------------------------------------
-
-    def _summary(self, **fields) -> None:
-        runfiles.update_summary(self.dir / "summary.json", **fields)
-
-    def _write_config(self, window: int) -> None:
-        """config.yaml: what `grpo-sentinel diagnose` reads from a run directory (G, prompts per step,
-        the cap, the window, the reward weights); TRL's own arguments are in trl-args.json."""
-        a, cb = self.args, self.cb
-        prompts = self.completions_per_step / a.num_generations
-        cfg = {"trainer": {"name": "trl", "version": cb.trl_version, "logging_steps": self.logging_steps},
-               "grpo": {"group_size": a.num_generations, "max_new_tokens": a.max_completion_length,
-                        "loss_type": a.loss_type, "beta": a.beta, "scale_rewards": a.scale_rewards,
-                        "temperature": a.temperature, "top_p": a.top_p},
-               "rewards": [{"name": n, "weight": w} for n, w in zip(self.setup.names, self.setup.weights)],
-               "health": {**cb.health.model_dump(mode="json"), "window": window},
-               "telemetry": cb.telemetry.model_dump(mode="json"), "traces": cb.traces.model_dump(mode="json")}
-        if float(prompts).is_integer():
-            cfg["grpo"]["prompts_per_step"] = int(prompts)
-        (self.dir / "config.yaml").write_text("# Written by grpo_sentinel.integrations.trl.SentinelCallback: what "
-                                              "`grpo-sentinel diagnose` reads; TRL's arguments are in trl-args.json.\n"
-                                              + yaml.safe_dump(cfg, sort_keys=False))
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -620,22 +556,12 @@ class _Run:
         self.closed = True
         atexit.unregister(self._exit)
         if self.pending is not None:
-            self._guarded(self._emit, self.pending)
+            self.session.tolerate(self._emit, self.pending)
             self.pending = None
-        if self.record is not None:
-            self._guarded(self.record.point)  # the open window's curve row
-        otel = self.cb._otel
-        for sink in self.sinks + ([otel] if otel and otel not in self.sinks else []):  # a run that never logged: unbind
-            self._guarded(sink.close)
+        self.session.point()  # the open window's curve row
         status = {"stop": "stopped_early", "halt": "halted"}.get(self.action) or status or "completed"
         reason = reason or (f"health.{self.action}_on: {self.because}" if self.action else "")
-        self._guarded(self._summary, status=status, step=step, reason=reason,
-                      seconds_this_session=round(time.monotonic() - self.t0, 1), baseline=self.baseline,
-                      final_eval=self.final_eval, final_eval_step=self.final_eval_step,
-                      invalid_rewards=self.invalid_rewards, health_conditions=self.conditions,
-                      telemetry_dropped=DROPS.report(), telemetry_errors=self.errors,
-                      trl_keys_not_recorded=self.unrecorded, trl_train=self.trl_train)
-        self._guarded(runfiles.event, self.dir / "events.jsonl", "ended", status=status, step=step, reason=reason)
+        self.session.close(status, step, reason, trl_keys_not_recorded=self.unrecorded, trl_train=self.trl_train)
 
     def _exit(self) -> None:
         """At interpreter exit inside trainer.train() (an exception, a signal): close with what was logged."""
@@ -651,15 +577,13 @@ def _new_run_dir(out_dir: Path, run_id: str | None, seed: int) -> Path:
         except FileExistsError:
             raise SentinelSetupError(f"run directory {path} already exists: pick another run_id") from None
         return path
-    base = f"trl-{datetime.now():%Y%m%d-%H%M%S}-seed{seed}"
-    for n in range(1, 1000):  # two runs started in the same second
-        path = out_dir / (base if n == 1 else f"{base}-{n}")
+    while True:
+        path = out_dir / runfiles.new_run_id(out_dir, seed, prefix="trl-")
         try:
             path.mkdir(parents=True)
             return path
-        except FileExistsError:
+        except FileExistsError:  # another run took that name between the look and the mkdir
             continue
-    raise SentinelSetupError(f"{out_dir}: no free run directory name for {base}")
 
 
 def _model_facts(model, processing_class) -> tuple[float, frozenset[int], str]:
@@ -674,11 +598,6 @@ def _model_facts(model, processing_class) -> tuple[float, frozenset[int], str]:
     stop = {t for t in (*eos, getattr(tokenizer, "eos_token_id", None), getattr(tokenizer, "pad_token_id", None))
             if t is not None}
     return math.log(vocab), frozenset(stop), getattr(model.config, "_name_or_path", "") or type(model).__name__
-
-
-def _accuracy(ev) -> dict:
-    """An evaluation's figures for summary.json (strict JSON: TRL has no greedy round, null)."""
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in ev.accuracy().items()}
 
 
 def _eval_n(args, kwargs: dict) -> int | None:
