@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from grpo_sentinel.service.daemon import TOKEN_ENV
+from grpo_sentinel.service.progress import Progress
 from grpo_sentinel.service.runs import EXIT_CODES
 
 log = logging.getLogger("grpo_sentinel")
@@ -306,12 +307,10 @@ def follow_run(client: Client, run_id: str, retry_s: float) -> int:
 
 
 class Printer:
-    """A followed run's events as `train` prints its own: the progress line (cli.Progress, fed the
+    """A followed run's events as `train` prints its own: the progress line (progress.Progress, fed the
     streamed rows), a line per event and per condition that begins, the final line and the exit code."""
 
     def __init__(self, run_id: str):
-        from grpo_sentinel.service.cli import Progress
-
         self.run_id = run_id
         self.progress = Progress(0)
         self.trained_s = 0.0  # the step times seen: the progress line's eta is from the run's pace, not ours

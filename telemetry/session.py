@@ -15,7 +15,7 @@ A `RunSession` owns
   `events.jsonl`.
 
 The rules both trainers follow are here once: the largest reward (`max_reward`), the detectors' window
-(`detector_window`), and `run_scales`, which applies them. The run id's rule is runfiles.run_ids.
+(health.detectors.detector_window), and `run_scales`, which applies them. The run id's rule is runfiles.run_ids.
 
 The trainer keeps the model, the step, checkpoints and ranks; the callback keeps the mapping of TRL's
 logs. A sink's failure goes through `guard`: ours raises on a full disk (the run ends, its newest
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 from grpo_sentinel.telemetry import runfiles
 from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
-from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window
+from grpo_sentinel.telemetry.health.detectors import Thresholds, detector_window
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor, Verdict
 from grpo_sentinel.telemetry.record import RunRecord
 from grpo_sentinel.telemetry.schema import Eval, RunInfo, Scales, StepStats
@@ -64,12 +64,6 @@ def max_reward(weights: Iterable[float]) -> float:
     """The largest combined reward: the sum of the positive weights (reward functions score 0..1), at
     least 1."""
     return max(1.0, sum(max(float(w), 0.0) for w in weights))
-
-
-def detector_window(configured: int | None, completions_per_row: float | None) -> int:
-    """The detectors' window in record rows: the configured one, else ~400 completions' worth
-    (detectors.auto_window; 20 rows when the completions per row are unknown)."""
-    return configured or auto_window(round(completions_per_row) if completions_per_row else None)
 
 
 def run_scales(*, ln_vocab: float, max_new_tokens: int, group_size: int, prompts_per_step: float,

@@ -44,7 +44,7 @@ def printed(err: str) -> list[tuple]:
 
 
 def as_printed(rows: list[dict]) -> list[tuple]:
-    """The record's rows as the progress line prints them (train's format: cli.Progress)."""
+    """The record's rows as the progress line prints them (train's format: progress.Progress)."""
     def kl(v):
         return "-" if v == "" else f"{float(v):.4f}"
     return [(int(r["step"]), f"{float(r['reward']):.3f}", kl(r["kl"]), f"{float(r['loss']):+.4f}",

@@ -129,6 +129,12 @@ def auto_window(completions_per_step: int | None, default: int = 20) -> int:
     return int(min(100, max(5, math.ceil(WINDOW_COMPLETIONS / completions_per_step))))
 
 
+def detector_window(configured: int | None, completions_per_row: float | None) -> int:
+    """The detectors' window in record rows: the configured one, else ~400 completions' worth
+    (auto_window; 20 rows when the completions per row are unknown)."""
+    return configured or auto_window(round(completions_per_row) if completions_per_row else None)
+
+
 def early_steps(th: Thresholds) -> int:
     """Rows the early statistics are taken from: the first `early_windows` windows, at least 10."""
     return max(th.early_windows * th.window, 10)
