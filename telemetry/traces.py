@@ -8,8 +8,7 @@ the generations that explain them:
 - training rollouts every `train_every` steps: a fraction of the groups (at least one), one trace
   per group with a generation per completion;
 - always, at a step where a health condition is active: the groups that explain it (the highest-
-  and lowest-reward groups; an all-same group while the signal is gone; the group with the longest
-  completion for length_pathology), listed first.
+  and lowest-reward groups, and those its table row names: health/table.py `Row.traced`), listed first.
 
 Trace ids are deterministic, seeded by (run id, attempt, kind, step, index): a resumed run is the
 next attempt, so it never re-emits or overwrites an id, and a link can be written before the trace
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_sentinel.telemetry.drops import DROPS
+from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.langfuse_wire import (
     DROPPED,
     SPANS_PER_REQUEST,
@@ -64,9 +64,6 @@ from grpo_sentinel.telemetry.schema import RunInfo, StepStats, TraceRef
 from grpo_sentinel.telemetry.settings import TracesSettings
 
 log = logging.getLogger(__name__)
-
-EXPLAIN_SAME = {"signal_vanished", "kl_dominant", "reward_saturated", "plateau_small_group"}  # an all-same group shows it
-
 
 def trace_id(run_id: str, attempt: int, kind: str, step: int, index: int) -> str:
     """The Langfuse trace id of one traced group or held-out prompt: 32 hex digits, the SDK's
@@ -90,10 +87,11 @@ def plan(s: StepStats, cfg: TracesSettings, run_id: str, attempt: int) -> tuple[
             means = reward.mean(1)
             why.setdefault(int(means.argmax()), "highest reward")
             why.setdefault(int(means.argmin()), "lowest reward")
+            traced = {kind for c in s.health if c in BY_ID for kind in BY_ID[c].traced}  # the table says which
             same = np.flatnonzero(x.group_reward_std == 0)
-            if EXPLAIN_SAME & set(s.health) and same.size and not set(why) & set(same.tolist()):
+            if "all-same" in traced and same.size and not set(why) & set(same.tolist()):
                 why[int(same[0])] = "all-same rewards"
-            if "length_pathology" in s.health:
+            if "longest" in traced:
                 why.setdefault(int(x.length.argmax()) // reward.shape[1], "longest completion")
             why = {g: f"{r} ({' '.join(s.health)})" for g, r in why.items()}
         if s.step % cfg.train_every == 0:

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+TRACED = ("all-same", "longest")  # the groups traces.plan can pick to explain a row (Row.traced)
+
+
 @dataclass(frozen=True)
 class Row:
     id: str
@@ -16,18 +19,28 @@ class Row:
     action: str
     dont: str = ""  # the tempting wrong move (docs/runbook.md "Do not")
     source: str = ""  # where the row's reading comes from (paper, framework docs, issue thread)
+    # The groups whose generations show the row, traced at a step where it is active (traces.plan), beside
+    # the highest- and lowest-reward ones: "all-same" (a group whose rewards are all equal: no signal),
+    # "longest" (the group of the step's longest completion).
+    traced: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if unknown := set(self.traced) - set(TRACED):
+            raise ValueError(f"row {self.id}: traced {sorted(unknown)}: the trace planner knows only {TRACED}")
 
 
 TABLE: list[Row] = [
     Row("reward_saturated", "warning", "correctness reward ~ its maximum over a window (groups all-correct)",
         "task too easy; the learning signal is gone", "stop early and keep the checkpoint; use harder prompts",
         dont="keep training to squeeze out more: with no signal left only the KL term and noise move the policy "
-             "(kl_dominant comes next)"),
+             "(kl_dominant comes next)",
+        traced=("all-same",)),
     Row("signal_vanished", "warning", "frac_zero_std >= ~0.9 over a window (all-correct or all-wrong)",
         "prompts too easy or too hard for the policy; G too small", "raise G (8-16), dynamic sampling, a curriculum",
         dont="read `adv_std` for this: under group normalisation it never exceeds 1; `frac_zero_std` and its all-"
              "correct / all-wrong split are the gauge. Do not raise the LR to push through: there is no gradient "
-             "to scale"),
+             "to scale",
+        traced=("all-same",)),
     Row("adv_mean_drift", "critical", "per-sequence advantage mean != 0",
         "implementation bug in the advantage computation", "halt the run",
         dont="resume and hope: every update since the onset used wrong advantages; fix the code and restart from "
@@ -44,7 +57,8 @@ TABLE: list[Row] = [
         dont="read the reward as progress: judge by held-out `sample_acc` and the strict verifier"),
     Row("plateau_small_group", "warning", "reward flat and noisy (high windowed sd), G <= 4, high frac_zero_std",
         "G too small: noisy group statistics (variance of the mean ~ 1/G)", "raise G to 8-16",
-        dont="just train longer: at G <= 4 the group noise does not average out (variance of the mean ~ 1/G)"),
+        dont="just train longer: at G <= 4 the group noise does not average out (variance of the mean ~ 1/G)",
+        traced=("all-same",)),
     Row("reward_hacking", "critical", "reward rising or high while sample_acc flat or falling beyond its noise; or, on the training samples, "
         "the verifier's acceptance 10 % below its peak while an auxiliary reward holds",
         "the policy found a grader loophole", "audit the grader; make format rewards conditional on correctness",
@@ -56,7 +70,8 @@ TABLE: list[Row] = [
     Row("kl_dominant", "critical", "KL rising while frac_zero_std ~ 1: the KL term is the only gradient",
         "collapse mode: with no reward signal left, only the KL term moves the policy",
         "mask zero-advantage groups; length-normalise or drop the KL",
-        dont="raise beta: the KL term is already the only gradient"),
+        dont="raise beta: the KL term is already the only gradient",
+        traced=("all-same",)),
     Row("kl_acceleration", "warning", "KL growing super-linearly: its growth over the last window at least twice the window before's",
         "the update is running away from the reference (LR too high or rising, beta decaying)",
         "lower the LR, raise beta or clip the update ratio before KL reaches its bound",
@@ -96,7 +111,8 @@ TABLE: list[Row] = [
              "healthy/`)"),
     Row("length_pathology", "warning", "truncation rate high (length pinned at max_new_tokens), or wrong answers growing longer than right ones",
         "length bias or runaway generation", "overlong penalty or filter; token-level loss",
-        dont="raise max_new_tokens to make truncation go away: it hides runaway generation and costs memory"),
+        dont="raise max_new_tokens to make truncation go away: it hides runaway generation and costs memory",
+        traced=("longest",)),
     Row("length_drift", "warning", "completion length drifting up toward the cap, with the share of capped completions rising",
         "length bias or runaway generation starting: the early sign of length_pathology",
         "look at the longest recent completions; add an overlong penalty or a length-normalised loss",
