@@ -17,8 +17,8 @@ import time
 import numpy as np
 
 from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
-from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
+from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.schema import RunInfo, Scales
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
-from common import BETA, G, LR, PROMPTS, RANK, SETTINGS, TARGETS  # noqa: E402
+from common import BETA, LR, PROMPTS, RANK, SETTINGS, TARGETS, G  # noqa: E402
 
 VARIANTS = ["ours", "trl_fp32", "trl_default"]
 ANCHOR = "trl_fp32"

@@ -82,10 +82,10 @@ def instrument(ph: Phases, run: common.Ours) -> None:
 
 
 def profile(setting: str, steps: int, tmp: Path, clock) -> tuple[list[dict[str, float]], float]:
-    from grpo_sentinel.telemetry.record import RunRecord
     from grpo_sentinel.service.trainer import evaluate, run_info
     from grpo_sentinel.telemetry.health.monitor import HealthMonitor
     from grpo_sentinel.telemetry.otel import OTelSink
+    from grpo_sentinel.telemetry.record import RunRecord
 
     run = common.ours(common.model_dir(setting, tmp), common.SETTINGS[setting])
     ph = Phases(clock)

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import yaml
 
-from helpers import REPO, answers, free_port, installed, wait_for
 from grpo_sentinel.telemetry.health import rules
+from helpers import REPO, answers, free_port, installed, wait_for
 
 EXAMPLE = REPO / "deploy" / "alertmanager" / "example.yml"
 

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_daemon import Daemon, steps_of
 
 from helpers import wait_for
-from test_daemon import Daemon, steps_of
 
 TOKEN = "t0ken-of-the-daemon"
 TINY = {"data": {"eval_size": 20}, "telemetry": {"prometheus": False}}

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import zoo
-from helpers import cli, new_run
 from grpo_sentinel.telemetry.health.detectors import diagnose, lead_time
-from grpo_sentinel.telemetry.health.ingest import IngestError, RunLog, load
+from grpo_sentinel.telemetry.health.ingest import IngestError, load
+from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.schema import RunInfo
+from helpers import cli, new_run
 
 BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
 PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"

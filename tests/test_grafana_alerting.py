@@ -25,7 +25,6 @@ import subprocess
 
 import pytest
 import yaml
-import zoo
 from grafana_foundation_sdk.cog import runtime
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import alerting as am
@@ -33,6 +32,7 @@ from grafana_foundation_sdk.models import expr as em
 from grafana_foundation_sdk.models import prometheus as pm
 from test_rules_agreement import STEP_S, promtool_case
 
+import zoo
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana as rg
 from grpo_sentinel.telemetry.health.detectors import Thresholds

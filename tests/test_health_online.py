@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from helpers import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
+from helpers import new_run
 
 
 def constant(completion, answer, prompt):

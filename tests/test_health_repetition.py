@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.stats import repetition_rate
 from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.stats import repetition_rate
 
 
 def test_repetition_rate_golden():

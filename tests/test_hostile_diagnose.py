@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import cli
 from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.report import to_json
+from helpers import cli
 
 
 def good_csv(n: int = 40) -> str:

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import cli, wait_for
 from grpo_sentinel.service.config import ConfigError, validate
 from grpo_sentinel.service.data import DataError, read_jsonl
+from helpers import cli, wait_for
 
 FAST = ["--set", "telemetry.prometheus=false", "--set", "data.eval_size=20"]
 

@@ -17,8 +17,8 @@ import yaml
 
 import zoo
 from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
-from grpo_sentinel.telemetry.health.ingest import RunLog
 from grpo_sentinel.telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
+from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import TABLE
 
 STEP_S = 15

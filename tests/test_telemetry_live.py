@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, free_port, new_run, query_range
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from helpers import cli, free_port, new_run, query_range
 
 STEPS = 30
 

@@ -14,13 +14,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from langfuse_server import FakeLangfuse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from grpo_sentinel.telemetry.schema import Eval, Generations, RunInfo, Samples, Scales, StepStats
 from grpo_sentinel.telemetry.settings import TracesSettings
 from grpo_sentinel.telemetry.traces import Credentials, TraceSink, model_name, plan, trace_id
 from helpers import cli, free_port, wait_for
+from langfuse_server import FakeLangfuse
 
 P, G = 8, 4
 
@@ -493,8 +493,8 @@ def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir
 
 def test_diagnose_links_each_condition_to_the_generations_behind_it(monkeypatch):
     from grpo_sentinel.telemetry.health.detectors import Condition, Diagnosis, Thresholds
-    from grpo_sentinel.telemetry.health.ingest import RunLog
     from grpo_sentinel.telemetry.health.report import to_text, with_generations
+    from grpo_sentinel.telemetry.health.runlog import RunLog
 
     log = RunLog({"step": np.arange(1.0, 13)}, "r/steps.csv", "sentinel", traces={5: "ab" * 16, 9: "cd" * 16},
                  trace_project="p1")

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from helpers import new_run
 from grpo_sentinel.service.config import load_config
 from grpo_sentinel.service.trainer import Trainer
+from helpers import new_run
 
 
 @pytest.fixture

@@ -23,11 +23,11 @@ import pytest
 from packaging.requirements import Requirement
 
 import trl_run
-from helpers import REPO, cli, free_port, prometheus_server, query_range, wait_for
 from grpo_sentinel.integrations import trl_stats
 from grpo_sentinel.integrations.trl import NOT_FED, SUPPORTED, SentinelCallback, SentinelSetupError
 from grpo_sentinel.telemetry import dashboard, runfiles
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
+from helpers import REPO, cli, free_port, prometheus_server, query_range, wait_for
 
 STEPS, EVAL_EVERY, EVAL_PROMPTS = 12, 6, 4  # 12 rows: the monitor's early entropy baseline needs 10
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.runlog import RunLog
 
 N, G, P, EVAL_N, EVERY, MAX_NEW = 300, 8, 8, 200, 20, 64
 ONSET = 150  # where a pathology starts

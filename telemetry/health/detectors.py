@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.ingest import RunLog
+from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 

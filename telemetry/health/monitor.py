@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from grpo_sentinel.telemetry.health.detectors import Condition, Thresholds, diagnose, lookback
-from grpo_sentinel.telemetry.health.ingest import CORRECTNESS, RunLog
+from grpo_sentinel.telemetry.health.runlog import CORRECTNESS, RunLog
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger(__name__)

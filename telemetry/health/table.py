@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 TRACED = ("all-same", "longest")  # the groups traces.plan can pick to explain a row (Row.traced)
 
 

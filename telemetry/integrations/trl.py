@@ -48,7 +48,7 @@ from transformers import TrainerCallback
 from grpo_sentinel.integrations import trl_stats
 from grpo_sentinel.integrations.trl_stats import Generation, Setup
 from grpo_sentinel.telemetry import runfiles
-from grpo_sentinel.telemetry.health.ingest import CORRECTNESS
+from grpo_sentinel.telemetry.health.runlog import CORRECTNESS
 from grpo_sentinel.telemetry.otel import OTelSink, otlp_exporter_from_env
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 from grpo_sentinel.telemetry.session import RunSession, run_scales
