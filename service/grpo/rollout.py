@@ -164,8 +164,12 @@ class _PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
     def reorder_cache(self, rows: torch.Tensor) -> None:
-        self.k, self.v = self.k[rows], self.v[rows]
-        self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
+        """Row i becomes row rows[i]; only the filled positions are copied (a prompt fills a few of capacity)."""
+        k, v = self.k.new_empty(len(rows), *self.k.shape[1:]), self.v.new_empty(len(rows), *self.v.shape[1:])
+        torch.index_select(self.keys, 0, rows, out=k[:, :, : self.length])
+        torch.index_select(self.values, 0, rows, out=v[:, :, : self.length])
+        self.k, self.v = k, v
+        self.keys, self.values = k[:, :, : self.length], v[:, :, : self.length]
 
 
 def _cache(config, capacity: int) -> Cache:
