@@ -138,10 +138,11 @@ def main() -> None:
                     print(f"  {setting} repeat {r + 1} {v}: {G * PROMPTS / seconds:.1f} completions/s", flush=True)
             med = {v: statistics.median(t) for v, t in results.items()}
             print(f"{setting} (max_new_tokens={SETTINGS[setting]}, G={G}, prompts={PROMPTS}, r={RANK}, beta={BETA}), "
-                  f"median of {args.repeats}; ours / variant from the medians [median of the per-repeat ratios]:")
+                  f"median of {args.repeats}; ours / variant from the medians [median of the per-repeat ratios, their range]:")
             for v in variants:
-                paired = statistics.median(a / b for a, b in zip(results[v], results["ours"]))
-                ratio = "" if v == "ours" else f"  ours / {v}: {med[v] / med['ours']:.2f}x [{paired:.2f}x]"
+                ratios = sorted(a / b for a, b in zip(results[v], results["ours"]))
+                ratio = "" if v == "ours" else (f"  ours / {v}: {med[v] / med['ours']:.2f}x [{statistics.median(ratios):.2f}x,"
+                                                f" repeats {ratios[0]:.2f}-{ratios[-1]:.2f}]")
                 role = " (anchor)" if v == ANCHOR else ""
                 print(f"  {v + role:<20}{G * PROMPTS / med[v]:7.1f} completions/s  [{precision[v]}]{ratio}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")

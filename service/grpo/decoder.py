@@ -1,21 +1,31 @@
-"""One decode step of a Llama-family model (Llama, Qwen2) for sampling, in fewer ops than its own forward.
+"""Decoding for a Llama-family model (Llama, Qwen2): the new tokens of a sampling call, in a fraction of the
+ops of the model's own forward.
 
-HF's forward for one new token per sequence issues ~290 aten ops on the demo model, plus the Python of
-its modules, mask builder and cache; at sampling's small shapes that fixed cost per op is most of the
-time. This step computes the same function with ~25 ops per layer: q, k and v are one matmul over
-their concatenated weights, gate and up another, the rotary embedding turns q and k together, and the
-mask and the rotary angles are made once per token for every layer.
+HF's forward for one new token per sequence issues ~290 aten ops on the demo model, plus the Python of its
+modules, mask builder and cache; at sampling's small shapes that fixed cost per op is most of the time, and
+SDPA's CPU flash kernel costs more for one query over a few dozen keys than two batched matmuls do. A run
+(`Decoder.begin`) computes the same function with ~16 ops per layer and token:
 
-Each remaining op is the one HF runs, on the same values and in the same order (RMSNorm in float32,
-SDPA with transformers 5.24's GQA packing for one query), and the rows of a matmul over concatenated
-weights equal those of the separate matmuls on the CPUs we ran, so there the logits are bit-identical to
-the model's own (tests/test_rollout.py samples token for token against generate() on both paths). Where a
-kernel rounds differently, the test's per-token probabilities along the fast path's own trajectory still
-hold it to HF's forward within float tolerance.
+- q, k and v are one matmul over their concatenated weights, gate and up another (concatenated once per
+  sampling call, from the folded weights);
+- the rotary angles of every position the call will reach are computed once (the model's own rotary
+  module, so HF's rope types: all but the two that rescale with the sequence length), and the rotary
+  embedding turns q and k together;
+- attention is `baddbmm` (scores, the key mask added as a bias) + softmax in float32 + `bmm`, over views
+  of a preallocated cache laid out [rows x key/value heads, capacity, head_dim]; grouped query heads are
+  the rows of their key/value head's matmul, so nothing is repeated or packed;
+- the residual adds ride on the output projections' `addmm`.
 
-`Decoder.of(net)` returns None for anything it does not recognise, and sampling then runs HF's forward:
-only the exact classes below, SiLU MLPs, full attention in every layer, SDPA, a head without bias, and every
-projection a plain nn.Linear (the adapter folded into it; a LoRA layer peft keeps for itself leaves the model to HF).
+That is the same function, not the same rounding: attention sums in another order than SDPA's kernel, so
+logits equal HF's forward to float precision, not bit for bit. tests/test_rollout.py holds the contract:
+along the run's own trajectory every token's log-probability equals HF's forward over the finished
+sequences, and the draws come from the same procedure and random stream as generate()'s.
+`sample(..., exact=True)` decodes through HF's forward instead (token for token generate()'s).
+
+`Decoder.of(net)` returns None for anything it does not recognise, and sampling then runs HF's forward: only
+the exact classes below, SiLU MLPs, full attention in every layer, SDPA (the attention it replaces), a head
+without bias, and every projection a plain nn.Linear (the adapter folded into it; a LoRA layer peft keeps
+for itself leaves the model to HF).
 """
 
 from __future__ import annotations
@@ -27,6 +37,9 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 
 CLASSES = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
+# Rope types whose angles depend on the longest position in the forward pass (HF's dynamic_rope_update): a run
+# computes every position's angles at once, so only types whose angle for a position is fixed are taken.
+DYNAMIC_ROPE = {"dynamic", "longrope"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,7 @@ class _Layer:
 @dataclass(frozen=True)
 class Decoder:
     embed: torch.Tensor  # [V, H]
-    rotary: torch.nn.Module  # the model's own: every rope type HF supports, [B, n] positions -> cos, sin [B, n, D]
+    rotary: torch.nn.Module  # the model's own (any rope type but DYNAMIC_ROPE): [B, n] positions -> cos, sin [B, n, D]
     layers: list[_Layer]
     norm: torch.Tensor  # [H]
     head: torch.Tensor  # [V, H]
@@ -59,14 +72,16 @@ class Decoder:
 
     @classmethod
     def of(cls, net) -> Decoder | None:
-        """The step for `net` (a model as sampling runs it: the adapter folded), or None if it is not one
-        this module computes exactly as its own forward does."""
+        """The decoder for `net` (a model as sampling runs it: the adapter folded), or None if it is not one
+        this module computes as its own forward does."""
         config = net.config
         if type(net).__name__ not in CLASSES or config.hidden_act != "silu" or config._attn_implementation != "sdpa":
             return None
         if set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
             return None
         body = net.model
+        if body.rotary_emb.rope_type in DYNAMIC_ROPE:
+            return None
         linears = [net.lm_head] + [m for block in body.layers for m in (
             block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj, block.self_attn.o_proj,
             block.mlp.gate_proj, block.mlp.up_proj, block.mlp.down_proj)]
@@ -82,44 +97,70 @@ class Decoder:
                    n_q=config.num_attention_heads, n_kv=config.num_key_value_heads, head_dim=attn.head_dim,
                    scale=attn.scaling)
 
-    def step(self, token: torch.Tensor, position: torch.Tensor, cache: Cache, allowed: torch.Tensor | None) -> torch.Tensor:
-        """token [B], position [B, 1], cache: one preallocated layer per decoder layer (rollout._cache),
-        allowed [B, 1, 1, L] (True: attend; L = the cache's length after this token) or None (every key).
-        Appends the token's keys and values to the cache; returns the next token's logits [B, V]."""
-        B, D = len(token), self.head_dim
-        h = F.embedding(token[:, None], self.embed)  # [B, 1, H]
-        cos, sin = self.rotary(h, position)  # [B, 1, D]
+    def begin(self, cache: Cache, positions: torch.Tensor, allowed: torch.Tensor | None) -> _Run:
+        """A run over `cache` (rollout._cache's preallocated layers, prefilled: B rows, `length` keys each):
+        positions [B, T] the rotary positions of the T tokens it may be given, allowed [B, capacity] the keys
+        each row may attend to (True) or None (every key)."""
+        return _Run(self, cache, positions, allowed)
+
+
+class _Run:
+    """One sampling call's decoding: `run(token)` appends the tokens [B] to the cache and returns the next
+    logits [B, V]."""
+
+    def __init__(self, dec: Decoder, cache: Cache, positions: torch.Tensor, allowed: torch.Tensor | None):
+        self.dec = dec
+        B, D = positions.shape[0], dec.head_dim
+        cos, sin = dec.rotary(dec.head, positions)  # [B, T, D]; the model's dtype
         # HF's rotate_half(x) * sin is cat(-x2, x1) * sin = roll(x, D/2) * (sin with its first half negated):
         # the same products (negation is exact), one op instead of three.
-        cos, sin = cos[:, None], (sin * self.sign)[:, None]  # [B, 1, 1, D], broadcast over the heads
-        for layer, kv in zip(self.layers, cache.layers):
-            x = self._rms(h, layer.norm_in)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(B, 1, -1, D).transpose(1, 2)  # [B, Hq + 2 Hkv, 1, D]
-            qk, v = qkv[:, : self.n_q + self.n_kv], qkv[:, self.n_q + self.n_kv :]
+        self.cos, self.sin = cos[:, :, None], (sin * dec.sign)[:, :, None]  # [B, T, 1, D]: broadcast over heads
+        self.kv = [(layer.k, layer.v) for layer in cache.layers]  # [B, Hkv, capacity, D] each, written in place
+        self.length = cache.layers[0].length
+        self.t = 0
+        self.bias = None  # [B Hkv, 1, capacity]: 0 where a row may attend, -inf where not; added to the scores
+        if allowed is not None:
+            bias = torch.zeros(allowed.shape, dtype=dec.head.dtype, device=allowed.device).masked_fill_(~allowed, -torch.inf)
+            self.bias = bias.repeat_interleave(dec.n_kv, 0)[:, None]
+        self.shape = B, D
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        dec, (B, D), t = self.dec, self.shape, self.t
+        n, nk, L = dec.n_q, dec.n_kv, self.length + 1  # keys after this token
+        cos, sin = self.cos[:, t], self.sin[:, t]  # [B, 1, D]
+        h = F.embedding(token, dec.embed)  # [B, H]
+        for layer, (keys, values) in zip(dec.layers, self.kv):
+            x = F.rms_norm(h, h.shape[-1:], layer.norm_in, dec.eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(B, -1, D)  # [B, Hq + 2 Hkv, D]
+            qk = qkv[:, : n + nk]
             qk = qk * cos + qk.roll(D // 2, -1) * sin
-            keys, values = kv.update(qk[:, self.n_q :], v)  # [B, Hkv, L, D]
-            h = h + F.linear(self._attend(qk[:, : self.n_q], keys, values, allowed), layer.o, layer.o_bias)
-            gate, up = F.linear(self._rms(h, layer.norm_post), layer.gate_up, layer.gate_up_bias).chunk(2, -1)
-            h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
-        return F.linear(self._rms(h, self.norm), self.head)[:, -1]
+            keys[:, :, L - 1], values[:, :, L - 1] = qk[:, n:], qkv[:, n + nk :]
+            h = _residual(h, self._attend(qk[:, :n], keys, values, L), layer.o, layer.o_bias)
+            gate, up = F.linear(F.rms_norm(h, h.shape[-1:], layer.norm_post, dec.eps), layer.gate_up,
+                                layer.gate_up_bias).chunk(2, -1)
+            h = _residual(h, F.silu(gate) * up, layer.down, layer.down_bias)
+        self.length, self.t = L, t + 1
+        return F.linear(F.rms_norm(h, h.shape[-1:], dec.norm, dec.eps), dec.head)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed) -> torch.Tensor:
-        """q [B, Hq, 1, D] over keys, values [B, Hkv, L, D] -> [B, 1, Hq D], as transformers' sdpa_attention_forward
-        does for one query: with a mask, grouped query heads are packed onto their key/value head."""
-        B, groups, gqa = len(q), self.n_q // self.n_kv, {}
-        if groups > 1 and allowed is None:
-            gqa = {"enable_gqa": True}
-        elif groups > 1:
-            q = q.reshape(B, self.n_kv, groups, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, dropout_p=0.0, scale=self.scale,
-                                             is_causal=False, **gqa)
-        return out.reshape(B, -1, 1, self.head_dim).transpose(1, 2).reshape(B, 1, -1)
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, L: int) -> torch.Tensor:
+        """q [B, Hq, D] over the first L keys and values of [B, Hkv, capacity, D] -> [B, Hq D]. The g = Hq / Hkv
+        query heads of a key/value head (HF's grouped-query order) are the g rows of its matmul."""
+        dec, (B, D) = self.dec, self.shape
+        g = dec.n_q // dec.n_kv
+        q = q.reshape(B * dec.n_kv, g, D)
+        k = keys.view(B * dec.n_kv, -1, D)[:, :L]  # [B Hkv, L, D]: views of the cache
+        v = values.view(B * dec.n_kv, -1, D)[:, :L]
+        if self.bias is None:
+            scores = torch.bmm(q, k.transpose(1, 2)).mul_(dec.scale)
+        else:
+            scores = torch.baddbmm(self.bias[..., :L], q, k.transpose(1, 2), alpha=dec.scale)  # [B Hkv, g, L]
+        weights = torch.softmax(scores, -1, dtype=torch.float32).to(v.dtype)
+        return torch.bmm(weights, v).view(B, -1)
 
-    def _rms(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """HF's Llama/Qwen2 RMSNorm, op for op: in float32, then back to the weights' dtype."""
-        x = h.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * x.to(h.dtype)
+
+def _residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """h + x W^T (+ b): with no bias one addmm, the add riding on the matmul."""
+    return torch.addmm(h, x, weight.T) if bias is None else h + F.linear(x, weight, bias)
 
 
 def _fuse(block) -> _Layer:

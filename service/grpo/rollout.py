@@ -5,8 +5,8 @@ A decode loop of our own instead of `model.generate`, for three measured savings
 the LoRA deltas are folded into the weights while sampling (one matmul per projection instead of
 three), each distinct prompt is prefilled once (a group's G completions share its prompt), and the
 loop does no per-token work beyond the forward pass, the draw and the stop check. For Llama-family
-models that forward pass is decoder.py's step (fused projections, a fraction of HF's ops per token),
-which computes the same logits (bit for bit on the CPUs we ran). The draw itself is
+models that forward pass is decoder.py's run (fused projections, attention as two batched matmuls, a
+fraction of HF's ops per token), which computes the same logits to float precision. The draw itself is
 generate()'s: the same logits processors (non-finite values removed, temperature, top-p; no top-k)
 and the same softmax + multinomial on the same random stream, so equal logits give equal tokens.
 """
@@ -49,9 +49,9 @@ class Rollout:
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
            top_p: float = 1.0, greedy: bool = False, exact: bool = False) -> Rollout:
-    """One completion per prompt (repeat a prompt G times for a group). Decoding runs decoder.Decoder's
-    step where it recognises the model, HF's forward otherwise or with `exact` (the reference the tests
-    compare the step with)."""
+    """One completion per prompt (repeat a prompt G times for a group). Decoding runs decoder.Decoder
+    where it recognises the model, HF's forward otherwise or with `exact` (token for token generate()'s:
+    the reference the tests compare the decoder with)."""
     index = {p: i for i, p in enumerate(dict.fromkeys(prompts))}  # distinct prompts: tokenised and prefilled once
     row = torch.tensor([index[p] for p in prompts], device=model.device)  # [B] sequence -> its prompt
     tokenizer.padding_side = "left"  # generation appends on the right, so prompts align there
@@ -108,7 +108,7 @@ def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.
     """Autoregressive decoding with a KV cache. prompt_ids, prompt_mask [P, Lp] (left-padded, distinct
     prompts); row [B] maps each sequence to its prompt. Returns the completions [B, T], T <= max_new_tokens
     (the loop stops once every sequence has emitted EOS), pad after each sequence's EOS. The prompts are
-    prefilled by the model's forward; each new token goes through `step` if given, else through it too.
+    prefilled by the model's forward; each new token goes through a run of `step` if given, else through it too.
 
     Positions and masks are generate()'s: a left-padded prompt's first real token has position 0, and a
     finished sequence keeps attending (its later tokens are padding nobody reads)."""
@@ -122,8 +122,10 @@ def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.
     if B != len(prompt_ids):  # G sequences per prompt from here on
         cache.reorder_cache(row)
         logits = logits[row]
-    # The mask HF builds for one query: None when no prompt is padded, else the keys each row may attend to.
-    allowed = None if bool(prompt_mask.all()) else mask.bool()[:, None, None, :]  # [B, 1, 1, Lp + max_new_tokens]
+    run = None
+    if step is not None:  # the keys each row may attend to: every key when no prompt is padded
+        run = step.begin(cache, next_position + torch.arange(max_new_tokens, device=row.device),
+                         None if bool(prompt_mask.all()) else mask.bool())
     out = torch.full((B, max_new_tokens), pad, dtype=torch.long, device=prompt_ids.device)
     running = torch.ones(B, dtype=torch.bool, device=prompt_ids.device)
     for t in range(max_new_tokens):
@@ -132,8 +134,8 @@ def decode(net, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row: torch.
         running &= token != eos
         if t + 1 == max_new_tokens or not running.any():
             return out[:, : t + 1]
-        if step is not None:
-            logits = step.step(token, next_position + t, cache, None if allowed is None else allowed[..., : Lp + t + 1])
+        if run is not None:
+            logits = run(token)
         else:
             logits = net(input_ids=token[:, None], attention_mask=mask[:, : Lp + t + 1], position_ids=next_position + t,
                          **_with_cache(net, cache)).logits[:, -1]
@@ -162,8 +164,12 @@ class _PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
     def reorder_cache(self, rows: torch.Tensor) -> None:
-        self.k, self.v = self.k[rows], self.v[rows]
-        self.keys, self.values = self.k[:, :, : self.length], self.v[:, :, : self.length]
+        """Row i becomes row rows[i]; only the filled positions are copied (a prompt fills a few of capacity)."""
+        k, v = self.k.new_empty(len(rows), *self.k.shape[1:]), self.v.new_empty(len(rows), *self.v.shape[1:])
+        torch.index_select(self.keys, 0, rows, out=k[:, :, : self.length])
+        torch.index_select(self.values, 0, rows, out=v[:, :, : self.length])
+        self.k, self.v = k, v
+        self.keys, self.values = k[:, :, : self.length], v[:, :, : self.length]
 
 
 def _cache(config, capacity: int) -> Cache:
