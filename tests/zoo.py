@@ -415,7 +415,10 @@ ZOO = {
     late_degradation: ({"late_degradation"}, {"reward_hacking"}),
     reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
     loss_spike: ({"loss_spike"}, {"critical", "kl_only_learning"}),  # a spike is not a falling loss
-    length_pathology: ({"length_pathology"}, {"critical"}),
+    # Lengths creeping to the cap, 90 % cut by the end: length_drift's warning held while it worsens is
+    # escalated to critical (cut answers are not graded; this generator leaves the accuracy alone, which
+    # a real run would not: relabelled from "no critical" with the escalation, docs/lead-time.md).
+    length_pathology: ({"length_pathology"}, {"length_capped"}),
     plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
     plateau_small_group: ({"plateau_small_group"}, {"critical"}),
     plateau_grader_loose: ({"plateau_grader_loose"}, {"critical"}),

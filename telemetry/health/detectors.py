@@ -85,6 +85,7 @@ class Thresholds:
     clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
+    escalate_windows: int = 1  # a drift row's warning held this many windows, its signal worse each: critical (see _escalate)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
@@ -97,7 +98,8 @@ _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "ent
 _ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
-           "correctness_lookback": 1, "no_progress_windows": 2}
+           "correctness_lookback": 1, "no_progress_windows": 2,
+           "escalate_windows": 1}
 
 
 def threshold_error(name: str, value: float) -> str | None:
@@ -251,6 +253,18 @@ class _Ctx:
             self.state[key] = float(out[-1])
         return out
 
+    def run_length(self, key: str, mask: np.ndarray) -> np.ndarray:
+        """Consecutive True rows ending at each judged row (0 where False, and before `start`),
+        continuing the run carried from the rows before."""
+        out = np.zeros(self.n)
+        b = mask[self.start:].astype(bool)
+        if len(b):
+            idx = np.arange(len(b))
+            reset = np.maximum.accumulate(np.where(~b, idx, -1))
+            out[self.start:] = np.where(b, idx - reset + np.where(reset < 0, self.state.get(key, 0.0), 0.0), 0.0)
+            self.state[key] = float(out[-1])
+        return out
+
     def trailing_max(self, key: str, x: np.ndarray, m: int) -> np.ndarray:
         """Max of x over the trailing m rows (NaN ignored) at the judged rows; the last m - 1 values
         before `start` are carried (a bounded state: m is a few windows, not the run)."""
@@ -312,15 +326,9 @@ def nonfinite(c: _Ctx) -> None:
     if bad is None:
         c.diag.not_assessable["nonfinite"] = "the log does not mark non-finite steps"
         return
-    # The run of consecutive bad steps ending at each judged row, continuing the carried one: a
-    # warning while it is short, critical from the `nonfinite_run`-th bad step in a row on.
-    b = (bad[c.start:] > 0)
-    idx = np.arange(len(b))
-    reset = np.maximum.accumulate(np.where(~b, idx, -1)) if len(b) else idx
-    run = np.zeros(c.n)
-    run[c.start:] = np.where(b, idx - reset + np.where(reset < 0, c.state.get("nonfinite_run", 0.0), 0.0), 0.0)
-    if c.start < c.n:
-        c.state["nonfinite_run"] = float(run[-1])
+    # The run of consecutive bad steps ending at each judged row: a warning while it is short,
+    # critical from the `nonfinite_run`-th bad step in a row on.
+    run = c.run_length("nonfinite_run", bad > 0)
     evidence = lambda i, j: f"{int(run[j])} step(s) in a row with non-finite loss/gradients (update skipped)"
     c.fire("nonfinite", (run > 0) & (run < c.th.nonfinite_run), evidence, severity="warning")
     c.fire("nonfinite", run >= c.th.nonfinite_run, evidence, severity="critical")
@@ -608,10 +616,37 @@ def entropy(c: _Ctx) -> None:
     allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
     s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
     alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+    # Not escalated (see _escalate): entropy rising is not damage by itself, and its critical stage is
+    # entropy_blowup; the authors' stable 7_4 run ends with its entropy 5x its baseline, still rising.
     c.fire("entropy_drift", alarm,
            lambda i, j: f"entropy (moving mean) {np.nanmax(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g} "
                         f"(noise {noise:.2g} a step); sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g} "
                         "while the reward is not rising", gap=w)
+
+
+def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, signal: np.ndarray, sign: float, evidence, gap: int,
+              excused: np.ndarray | None = None) -> None:
+    """A drift row's warning, and its critical stage: the warning held on every step of the last
+    `escalate_windows` (m = 1) windows while its signal (the w moving mean `signal`, `sign` = +1 where
+    higher is worse) stood worse than a window earlier. A slow pathology (KL accelerating, lengths
+    creeping to the cap, correctness falling under a format reward) does not correct itself: it runs
+    on to the damage, and the critical page must come before that, not from the row the damage
+    itself trips (issue 22). Why m = 1: the shortest span any row judges; more delays every page by
+    a window (20 steps), and the warnings lead the damage by only 6-30 steps (docs/lead-time.md). Why this is not a second false-alarm budget:
+    under no change each CUSUM increment has mean -k <= -0.5 sd, so a chance alarm falls back below
+    h within a few steps; one held for a whole window with the signal still moving the wrong way
+    is the drift continuing. "Held" as Prometheus's `for:` holds: true at every step of the span,
+    m w + 1 steps from its first to its last (the rule pages on the same expression). The warning
+    keeps the steps before (its lead is unchanged). `excused`: rows where the row's own premise says
+    the drift does no damage (lengths at the cap while the reward still rises, as length_capped)."""
+    m, w = c.th.escalate_windows, c.w
+    worse = np.ones(c.n, dtype=bool) if excused is None else ~excused
+    for i in range(m):
+        worse &= sign * (_shift(signal, i * w) - _shift(signal, (i + 1) * w)) > 0
+    critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
+    c.fire(cid, alarm & ~critical, evidence, severity="warning", gap=gap)
+    c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical", severity="critical",
+           gap=gap)
 
 
 def _reward_rising(c: _Ctx) -> np.ndarray:
@@ -671,9 +706,10 @@ def kl(c: _Ctx) -> None:
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
     accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
-    c.fire("kl_acceleration", accel,
-           lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
-                        f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)", gap=w)
+    _escalate(c, "kl_acceleration", accel, k_ma, 1.0,
+              lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
+                           f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)",
+              gap=w)
 
 
 def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
@@ -743,10 +779,10 @@ def length_drift(c: _Ctx) -> None:
     q = min(max(t0, 1 / c.w), 0.5)
     share_up = t_ma > t0 + 2 * math.sqrt(q * (1 - q) / c.w)
     u_ma = moving_average(u, c.w)
-    c.fire("length_drift", (s >= c.th.cusum_h) & share_up,
-           lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
-                        f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
-           gap=c.w)
+    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u_ma, 1.0,
+              lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
+                           f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
+              gap=c.w, excused=_reward_rising(c))
 
 
 def correctness(c: _Ctx) -> None:
@@ -805,7 +841,7 @@ def correctness(c: _Ctx) -> None:
                      f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
         return text
 
-    c.fire("correctness_drop", alarm, evidence, gap=c.w)
+    _escalate(c, "correctness_drop", alarm, c.ma("train_acc"), -1.0, evidence, gap=c.w)
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
     c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 
