@@ -624,11 +624,13 @@ def entropy(c: _Ctx) -> None:
                         "while the reward is not rising", gap=w)
 
 
-def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, signal: np.ndarray, sign: float, evidence, gap: int,
+def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,
               excused: np.ndarray | None = None) -> None:
     """A drift row's warning, and its critical stage: the warning held on every step of the last
-    `escalate_windows` (m = 1) windows while its signal (the w moving mean `signal`, `sign` = +1 where
-    higher is worse) stood worse than a window earlier. A slow pathology (KL accelerating, lengths
+    `escalate_windows` (m = 1) windows while its signal (the w moving mean of `raw`, `sign` = +1 where
+    higher is worse) stood worse than a window earlier by two standard errors of that difference
+    (2 sqrt 2 se, se from the step-to-step noise as kl_acceleration's: without it "worse" is a coin
+    flip on a flat series, and a chance warning held a window became critical on 1 of 20 runs). A slow pathology (KL accelerating, lengths
     creeping to the cap, correctness falling under a format reward) does not correct itself: it runs
     on to the damage, and the critical page must come before that, not from the row the damage
     itself trips (issue 22). Why m = 1: the shortest span any row judges; more delays every page by
@@ -640,9 +642,10 @@ def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, signal: np.ndarray, sign: fl
     keeps the steps before (its lead is unchanged). `excused`: rows where the row's own premise says
     the drift does no damage (lengths at the cap while the reward still rises, as length_capped)."""
     m, w = c.th.escalate_windows, c.w
+    ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
     worse = np.ones(c.n, dtype=bool) if excused is None else ~excused
     for i in range(m):
-        worse &= sign * (_shift(signal, i * w) - _shift(signal, (i + 1) * w)) > 0
+        worse &= sign * (_shift(ma, i * w) - _shift(ma, (i + 1) * w)) > _shift(margin, i * w)
     critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
     c.fire(cid, alarm & ~critical, evidence, severity="warning", gap=gap)
     c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical", severity="critical",
@@ -706,7 +709,7 @@ def kl(c: _Ctx) -> None:
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
     accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
-    _escalate(c, "kl_acceleration", accel, k_ma, 1.0,
+    _escalate(c, "kl_acceleration", accel, c.s["kl"], 1.0,
               lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
                            f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)",
               gap=w)
@@ -779,7 +782,7 @@ def length_drift(c: _Ctx) -> None:
     q = min(max(t0, 1 / c.w), 0.5)
     share_up = t_ma > t0 + 2 * math.sqrt(q * (1 - q) / c.w)
     u_ma = moving_average(u, c.w)
-    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u_ma, 1.0,
+    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u, 1.0,
               lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
                            f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
               gap=c.w, excused=_reward_rising(c))
@@ -841,7 +844,7 @@ def correctness(c: _Ctx) -> None:
                      f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
         return text
 
-    _escalate(c, "correctness_drop", alarm, c.ma("train_acc"), -1.0, evidence, gap=c.w)
+    _escalate(c, "correctness_drop", alarm, acc, -1.0, evidence, gap=c.w)
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
     c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 

@@ -59,7 +59,10 @@ DIFFERS = {
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
     "length_drift": "its critical stage reads the trainer's warning held and the mean length rising; the trainer also "
-                    "does not escalate while the reward rises (as length_capped)",
+                    "needs the rise beyond two standard errors and does not escalate while the reward rises (as "
+                    "length_capped)",
+    "correctness_drop": "its critical stage reads the trainer's warning held and the training accuracy falling; the "
+                        "trainer also needs the fall beyond two standard errors",
 }
 
 
@@ -75,7 +78,7 @@ def _worse(p: "RuleParams") -> dict[str, str]:
                 f"/ sum {by} (rate({series(p, 'grpo_completion_length_count')}[{w}]{off}))")
 
     return {
-        "kl_acceleration": "grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev",
+        "kl_acceleration": f"grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > {_num(2 * math.sqrt(2))} * grpo:kl_mean:se_w",
         "length_drift": f"(\n{length()}\n) > (\n{length(f' offset {w}')}\n)",
         "correctness_drop": "grpo:train_accuracy:avg_w < grpo:train_accuracy:avg_w_prev",
     }

@@ -341,7 +341,7 @@ groups:
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
       )
-      and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev
+      and grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > 2.82843 * grpo:kl_mean:se_w
     for: {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }}
     labels:
       severity: critical
@@ -1523,7 +1523,8 @@ groups:
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
           )
-          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
         refId: A
         instant: true
         range: false
