@@ -85,7 +85,7 @@ class Thresholds:
     clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
-    escalate_windows: int = 1  # a drift row's warning held this many windows, its signal worse each: critical (see _escalate)
+    escalate_windows: int = 1  # a drift row's warning held this many windows, getting worse: critical (_escalate)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
@@ -574,7 +574,9 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
         c.fire(cid, mask, lambda i, j, notes=notes: notes[max(k for k in notes if i <= k <= j)], gap=c.n)
 
 
-def entropy(c: _Ctx) -> None:
+def entropy_rows(c: _Ctx) -> None:
+    """entropy_collapse, entropy_blowup, exploration and entropy_drift: the rows that read the entropy
+    against its early baseline."""
     if not (c.need("entropy_collapse", "entropy", "reward") & c.need("entropy_blowup", "entropy", "reward")
             & c.need("entropy_drift", "entropy", "reward")):
         c.diag.not_assessable.setdefault("exploration", "the log has no entropy")
@@ -626,21 +628,20 @@ def entropy(c: _Ctx) -> None:
 
 def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,
               excused: np.ndarray | None = None) -> None:
-    """A drift row's warning, and its critical stage: the warning held on every step of the last
-    `escalate_windows` (m = 1) windows while its signal (the w moving mean of `raw`, `sign` = +1 where
-    higher is worse) stood worse than a window earlier by two standard errors of that difference
-    (2 sqrt 2 se, se from the step-to-step noise as kl_acceleration's: without it "worse" is a coin
-    flip on a flat series, and a chance warning held a window became critical on 1 of 20 runs). A slow pathology (KL accelerating, lengths
+    """A drift row's warning, and its critical stage. A slow pathology (KL accelerating, lengths
     creeping to the cap, correctness falling under a format reward) does not correct itself: it runs
     on to the damage, and the critical page must come before that, not from the row the damage
-    itself trips (issue 22). Why m = 1: the shortest span any row judges; more delays every page by
-    a window (20 steps), and the warnings lead the damage by only 6-30 steps (docs/lead-time.md). Why this is not a second false-alarm budget:
-    under no change each CUSUM increment has mean -k <= -0.5 sd, so a chance alarm falls back below
-    h within a few steps; one held for a whole window with the signal still moving the wrong way
-    is the drift continuing. "Held" as Prometheus's `for:` holds: true at every step of the span,
-    m w + 1 steps from its first to its last (the rule pages on the same expression). The warning
-    keeps the steps before (its lead is unchanged). `excused`: rows where the row's own premise says
-    the drift does no damage (lengths at the cap while the reward still rises, as length_capped)."""
+    itself trips (issue 22). Critical: the warning held, with its signal (the w moving mean of `raw`;
+    `sign` = +1 where higher is worse) worse than a window earlier by two standard errors of that
+    difference (2 sqrt 2 se, se from the step-to-step noise, as kl_acceleration's), on every step of
+    the last `escalate_windows` (m = 1) windows. Why the margin: without it "worse" is a coin flip
+    on a flat series, and a chance warning held a window became critical (1 of 20 runs of a flat
+    correctness series). Why m = 1: the shortest span any row judges; each further window delays
+    every critical by 20 steps, and the warnings lead the damage by only 5-30 steps
+    (docs/lead-time.md). "Held" as Prometheus's `for:` holds: true at every step, m w + 1 steps from
+    the first to the last (the rule pages on the same expression). The warning keeps the steps
+    before (its lead is unchanged). `excused`: rows where the row's own premise says the drift does
+    no damage (lengths at the cap while the reward still rises, as length_capped)."""
     m, w = c.th.escalate_windows, c.w
     ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
     worse = np.ones(c.n, dtype=bool) if excused is None else ~excused
@@ -648,8 +649,8 @@ def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float
         worse &= sign * (_shift(ma, i * w) - _shift(ma, (i + 1) * w)) > _shift(margin, i * w)
     critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
     c.fire(cid, alarm & ~critical, evidence, severity="warning", gap=gap)
-    c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical", severity="critical",
-           gap=gap)
+    c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical",
+           severity="critical", gap=gap)
 
 
 def _reward_rising(c: _Ctx) -> np.ndarray:
@@ -663,7 +664,8 @@ def _reward_rising(c: _Ctx) -> np.ndarray:
     return ma - _shift(ma, w2) > 2 * math.sqrt(2) * se
 
 
-def kl(c: _Ctx) -> None:
+def kl_rows(c: _Ctx) -> None:
+    """kl_offset, kl_runaway, plateau_kl_flat, kl_dominant and kl_acceleration: the rows that read the KL."""
     c.need("kl_offset", "kl")
     for cid, other in (("kl_runaway", "reward"), ("kl_dominant", "frac_zero_std"), ("plateau_kl_flat", "reward")):
         c.need(cid, "kl", other)  # each row records what it lacks
@@ -788,8 +790,8 @@ def length_drift(c: _Ctx) -> None:
               gap=c.w, excused=_reward_rising(c))
 
 
-def correctness(c: _Ctx) -> None:
-    """correctness_drop (warning) and the training-side half of reward_hacking (critical).
+def correctness_drop_and_training_reward_hacking(c: _Ctx) -> None:
+    """correctness_drop (warning, escalating) and the training-side half of reward_hacking (critical).
 
     The verifier's acceptance on the training samples (train_acc, or a correctness reward
     component) against the running peak of its 2w moving mean. Noise: the early step-to-step sd,
@@ -881,7 +883,9 @@ def _reward_flat(c: _Ctx) -> np.ndarray:
     return np.abs(gain) < c.th.reward_drop * c.log.max_reward
 
 
-def plateaus(c: _Ctx) -> None:
+def small_group_loose_grader_kl_only_learning(c: _Ctx) -> None:
+    """plateau_small_group, plateau_grader_loose and kl_only_learning: the plateau rows that are not
+    plateau_kl_flat (kl_rows) or no_progress."""
     full = c.full(2 * c.w)
     if c.need("plateau_small_group", "reward", "frac_zero_std"):
         if c.log.group_size is None:
@@ -1040,9 +1044,9 @@ def repetition(c: _Ctx) -> None:
 
 
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
-             late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
-             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped,
-             repetition]
+             late_degradation_and_reward_hacking, correctness_drop_and_training_reward_hacking, entropy_rows, kl_rows,
+             length_pathology, length_drift, all_wrong_rising, small_group_loose_grader_kl_only_learning, no_progress,
+             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition]
 
 
 # ---------------------------------------------------------------------------------------------
