@@ -626,6 +626,9 @@ def entropy_rows(c: _Ctx) -> None:
                         "while the reward is not rising", gap=w)
 
 
+ESCALATING = ("kl_acceleration", "length_drift", "correctness_drop")  # the warning rows with a critical stage (_escalate)
+
+
 def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,
               excused: np.ndarray | None = None) -> None:
     """A drift row's warning, and its critical stage. A slow pathology (KL accelerating, lengths
@@ -642,6 +645,7 @@ def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float
     the first to the last (the rule pages on the same expression). The warning keeps the steps
     before (its lead is unchanged). `excused`: rows where the row's own premise says the drift does
     no damage (lengths at the cap while the reward still rises, as length_capped)."""
+    assert cid in ESCALATING, cid
     m, w = c.th.escalate_windows, c.w
     ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
     worse = np.ones(c.n, dtype=bool) if excused is None else ~excused

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
@@ -77,11 +77,13 @@ def _worse(p: "RuleParams") -> dict[str, str]:
         return (f"sum {by} (rate({series(p, 'grpo_completion_length_sum')}[{w}]{off}))\n"
                 f"/ sum {by} (rate({series(p, 'grpo_completion_length_count')}[{w}]{off}))")
 
-    return {
+    worse = {
         "kl_acceleration": f"grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > {_num(2 * math.sqrt(2))} * grpo:kl_mean:se_w",
         "length_drift": f"(\n{length()}\n) > (\n{length(f' offset {w}')}\n)",
         "correctness_drop": "grpo:train_accuracy:avg_w < grpo:train_accuracy:avg_w_prev",
     }
+    assert set(worse) == set(ESCALATING), "every escalating detector row has its rule"
+    return worse
 
 
 @dataclass(frozen=True)
