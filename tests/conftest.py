@@ -1,9 +1,10 @@
 """The fixtures every test file can ask for; plain helpers are in helpers.py."""
+import signal
 from pathlib import Path
 
 import pytest
 
-from helpers import installed, prometheus_server
+from helpers import Daemon, installed, prometheus_server
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +29,17 @@ def amtool() -> str:
 def prometheus(tmp_path):
     with prometheus_server(tmp_path) as server:
         yield server
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    """daemons(*serve_args, **kw) starts a Daemon (helpers.py); each is SIGKILLed at the end."""
+    started = []
+
+    def start(*extra, **kw):
+        d = Daemon(tmp_path / "state", *extra, **kw)
+        started.append(d)
+        return d
+    yield start
+    for d in started:
+        d.stop(signal.SIGKILL)

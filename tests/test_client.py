@@ -12,9 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_daemon import Daemon, daemons, steps_of  # noqa: F401 - `daemons` is the fixture
 
-from helpers import cli, wait_for
+from helpers import Daemon, cli, steps_of, wait_for
 
 # A demo run small enough to be quick on a loaded 2-core machine: 2 prompts x 4 completions a step.
 TINY = {"grpo": {"group_size": 4, "prompts_per_step": 2}, "data": {"eval_size": 8},

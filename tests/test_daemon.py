@@ -14,70 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, answers, cli, free_port, query_range, wait_for
+from helpers import REPO, Daemon, cli, free_port, query_range, steps_of, wait_for
 
 RUN = {"run": {"steps": 12, "sample_every": 6, "checkpoint_every": 2, "eval_seed": 7}, "data": {"eval_size": 40}}
-
-
-class Daemon:
-    def __init__(self, state: Path, *extra: str, env: dict | None = None, host: str = "127.0.0.1", port: int | None = None):
-        self.port = port or free_port()
-        self.listen = f"{host}:{self.port}"
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.state = state
-        self.log = (state.parent / f"daemon-{self.port}.log").open("wb")
-        self.proc = subprocess.Popen(cli("serve", "--listen", self.listen, "--state-dir", str(state), *extra),
-                                     stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-    def ready(self) -> "Daemon":
-        assert wait_for(lambda: answers(self.url + "/readyz") or self.proc.poll() is not None, 60, 0.05)
-        assert self.proc.poll() is None, self.output()
-        return self
-
-    def output(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")
-
-    def call(self, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {token}"} if token else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                text = r.read().decode()
-                return r.status, (json.loads(text) if r.headers.get_content_type() == "application/json" else text)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read().decode() or "{}")
-
-    def run(self, run_id: str) -> dict:
-        return self.call("GET", f"/v1/runs/{run_id}")[1]
-
-    def wait_status(self, run_id: str, statuses: set[str], timeout: float = 600) -> dict:
-        assert wait_for(lambda: self.run(run_id).get("status") in statuses, timeout, 0.2), (self.run(run_id), self.output())
-        return self.run(run_id)
-
-    def stop(self, sig=signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout=120)
-
-
-@pytest.fixture
-def daemons(tmp_path):
-    started = []
-
-    def start(*extra, **kw):
-        d = Daemon(tmp_path / "state", *extra, **kw)
-        started.append(d)
-        return d
-    yield start
-    for d in started:
-        d.stop(signal.SIGKILL)
-
-
-def steps_of(path: Path) -> list[dict]:
-    return list(csv.DictReader(path.open())) if path.is_file() else []
 
 
 def test_the_api_queues_runs_validates_every_field_and_serves_record_and_report(daemons, demo_dir):

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_daemon import Daemon, steps_of
 
-from helpers import wait_for
+from helpers import Daemon, steps_of, wait_for
 
 TOKEN = "t0ken-of-the-daemon"
 TINY = {"data": {"eval_size": 20}, "telemetry": {"prometheus": False}}

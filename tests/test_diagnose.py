@@ -79,12 +79,14 @@ def test_slow_pathologies_are_warned_before_the_damage(gen):
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
     on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,
-    once the two-point mean is 3.5 SE below its peak (44.8 % -> 35.8 % at step 450).
+    once the two-point mean is z SE below its peak (44.8 % -> 35.8 % at step 450; z = 3.9 for evaluations
+    50 steps apart, from a false decline in 100,000 steps).
     Its loss goes from single digits to thousands over steps ~150-300, an order of magnitude per ~50
     steps: its |loss| leaves the range of the block 51-149 steps before on update after update:
     loss_blowup, critical, before the damage (held-out accuracy beyond its noise below its peak at the
     step-300 evaluation). No single update is 100x the median of the 50 before it (the median climbs
-    with the loss): not a spike."""
+    with the loss): not a spike. Once the thousands are in the reference block, half an order of
+    magnitude above it is no longer common (p0 is read from that block): the page ends at step 462."""
     log = load(PLAIN)
     log.eval_n = 500
     diag = diagnose(log)
@@ -92,15 +94,15 @@ def test_plain_book_run_late_decline_and_loss_blowup():
     late = [c for c in found if c.id == "late_degradation"]
     assert late and late[0].severity == "critical" and 250 <= late[0].first_step <= 450
     blowup = [c for c in found if c.id == "loss_blowup"]
-    assert len(blowup) == 1 and blowup[0].first_step <= 250 and blowup[0].last_step == 500
+    assert len(blowup) == 1 and blowup[0].first_step <= 250 and blowup[0].last_step >= 400
     # and its completions run to the cap (the fixture's README: "often pins at 1024"): length_capped
     assert {c.id for c in found if c.severity == "critical"} == {"late_degradation", "loss_blowup", "length_capped"}
     lead = lead_time(diag, log)
     # Damage needs the fall beyond the noise of two evaluations: at n = 500 and a 46 % peak, 2 x sqrt(2 x .46 x .54 / 500)
     # = 6.3 points. Step 250 is 10 % below the peak but within that; step 300 is the first beyond it. The evaluations
-    # are 50 steps apart, so the damage lies in (250, 300] and the page at 237 came 14 to 63 steps before it.
+    # are 50 steps apart, so the damage lies in (250, 300] and the page at 243 came 8 to 57 steps before it.
     assert (lead.damage_step, lead.critical, lead.resolution, lead.proxy) == (300, "loss_blowup", 50, False)
-    assert lead.lead_range == (300 - 237 - 50 + 1, 300 - 237) and lead.first_warning > lead.first_critical, lead
+    assert lead.lead_range == (300 - 243 - 50 + 1, 300 - 243) and lead.first_warning > lead.first_critical, lead
     assert "sample_acc looked like a percentage (max > 1): divided by 100" in log.notes
     assert any("max_new_tokens = 1024" in n for n in log.notes)  # the cap, from lengths piling up at 1024
 

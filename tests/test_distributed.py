@@ -91,7 +91,7 @@ def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_model
 
 
 def test_the_daemon_launches_a_two_rank_run_through_the_elastic_launcher(tmp_path, demo_dir):
-    from test_daemon import Daemon
+    from helpers import Daemon
 
     d = Daemon(tmp_path / "state", env={"OMP_NUM_THREADS": "1"}).ready()
     try:

@@ -49,7 +49,9 @@ def grafana_rules(p=rulegen.RuleParams(), g=rg.GrafanaParams()) -> list[tuple[di
 
 
 def prometheus_alerts(p=rulegen.RuleParams()) -> dict[str, dict]:
-    return {r["alert"]: r for g in rulegen.rules(p)["groups"] for r in g["rules"] if "alert" in r}
+    """By Grafana's title: the alert, and a drift row's escalated stage as '<alert> escalated'."""
+    return {r["alert"] + (f" {r['labels']['stage']}" if "stage" in r["labels"] else ""): r
+            for g in rulegen.rules(p)["groups"] for r in g["rules"] if "alert" in r}
 
 
 def as_prometheus(text: str) -> str:
@@ -173,7 +175,8 @@ def test_grafana_rules_fire_exactly_where_the_diagnosis_does_on_the_zoo(tmp_path
     runs = []
     for max_reward, cases in tests.items():
         p = rulegen.RuleParams(window=Thresholds().window * STEP_S, pending=0, max_reward=max_reward)
-        rules = [{"alert": r["title"], "expr": _as_promql(r), "for": r["for"],
+        # An escalated stage's title is '<alert> escalated' (Grafana wants titles unique): the alert it stands for.
+        rules = [{"alert": r["title"].removesuffix(" escalated"), "expr": _as_promql(r), "for": r["for"],
                   "labels": {k: as_prometheus(v) for k, v in r["labels"].items()}} for _, r in grafana_rules(p)]
         name = f"grafana-{max_reward:g}"
         (tmp_path / f"{name}.yml").write_text(yaml.safe_dump({"groups": [{"name": "grafana", "rules": rules}]}, width=1 << 20))

@@ -36,7 +36,16 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_one_alert_per_table_row_with_its_severity_and_words():
-    alerts = {r["alert"]: r for g in rulegen.rules()["groups"] for r in g["rules"] if "alert" in r}
+    rules = [r for g in rulegen.rules()["groups"] for r in g["rules"] if "alert" in r]
+    alerts = {r["alert"]: r for r in rules if "stage" not in r["labels"]}
+    # A drift row's warning escalates (detectors._escalate): a second rule of the same alert, critical,
+    # its warning's expression and "worse than a window before", held for one window (5m).
+    escalated = {r["labels"]["condition"]: r for r in rules if r["labels"].get("stage") == "escalated"}
+    assert set(escalated) == {"kl_acceleration", "length_drift", "correctness_drop"}
+    for cid, r in escalated.items():
+        warning = alerts[rulegen.alert_name(cid)]
+        assert (r["alert"], r["labels"]["severity"], r["for"]) == (warning["alert"], "critical", "5m")
+        assert warning["expr"] in r["expr"] and ("offset 5m" in r["expr"] or "avg_w_prev" in r["expr"])
     for row in TABLE:
         a = alerts[rulegen.alert_name(row.id)]
         assert a["labels"]["condition"] == row.id

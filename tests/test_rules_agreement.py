@@ -19,7 +19,7 @@ import zoo
 from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
 from grpo_sentinel.telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
 from grpo_sentinel.telemetry.health.runlog import RunLog
-from grpo_sentinel.telemetry.health.table import TABLE
+from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
 
 STEP_S = 15
 COMPLETIONS = zoo.P * zoo.G  # per step, every scenario
@@ -67,15 +67,18 @@ def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
     exactly the conditions diagnose finds (the trainer-side ones aside); and those conditions."""
     diagnosis = diagnose(log)
     found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
+    # A drift row's escalated stage (critical, label stage="escalated") fires exactly where diagnose escalates it.
+    escalated = {c.id for c in diagnosis.conditions if c.severity == "critical" and BY_ID[c.id].severity == "warning"} - set(TRAINER_SIDE)
     end = (len(log) - 1) * STEP_S
     return {
         "name": f"{name}: diagnose reports {sorted(found) or 'nothing'}",
         "interval": f"{STEP_S}s",
         "input_series": input_series(log, diagnosis.entropy_baseline, run_id),
         "promql_expr_test": [{
-            "expr": f'group by (alertname) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
+            "expr": f'group by (alertname, stage) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
             "eval_time": f"{end}s",
-            "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)],
+            "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)]
+            + [{"labels": f'{{alertname="{alert_name(c)}", stage="escalated"}}', "value": 1} for c in sorted(escalated)],
         }],
     }, found
 

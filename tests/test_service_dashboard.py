@@ -12,11 +12,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from test_daemon import Daemon
-
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules_grafana
-from helpers import REPO, query_range, wait_for
+from helpers import REPO, Daemon, query_range, wait_for
 
 
 def crash_at_step_8(completion, answer, prompt):

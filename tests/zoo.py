@@ -393,6 +393,59 @@ def report_noisy_eval_30(rng):
     return s
 
 
+# Report set 2 (issue 22, after the escalation): the first report set was seen failing and two detectors
+# changed on it, so it is "seen" now. These were written, committed and declared in the benchmark before
+# any detector was run on them, on seeds 2000-2299 no family ran with before.
+
+
+def new_t3_linear_x6(rng):
+    """Student t (3 dof) loss noise on a scale growing sixfold over the run, linearly."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_t(3, N)) * np.linspace(1, 6, N)
+    return s
+
+
+def new_loss_exp_x20(rng):
+    """A loss scale growing twentyfold over the run, exponentially (2.7x per 100 steps)."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * np.exp(np.log(20) * np.arange(N) / N)
+    return s
+
+
+def new_noisy_eval_20_every5(rng):
+    """Evaluated every 5 steps on 20 problems."""
+    s = _healthy(rng)
+    s["sample_acc"][:] = np.nan
+    s["sample_acc"][4::5] = rng.binomial(20, s["_acc_true"][4::5]) / 20
+    s["_eval_n"] = np.array([20.0])
+    return s
+
+
+def new_plateau_100_slow(rng):
+    """The reward flat for 100 steps, then rising slowly."""
+    return _plateau(rng, 100, 200.0)
+
+
+def new_kl_linear_steep(rng):
+    """Healthy, with a KL growing linearly and steeply (to 0.6 at step 300): linear growth is not acceleration."""
+    s = _healthy(rng)
+    s["kl"] = 0.002 + 0.6 * np.arange(1, N + 1) / N * (1 + 0.1 * rng.standard_normal(N))
+    return s
+
+
+def new_lengths_rising_learning(rng):
+    """Healthy, with completions growing from 3.5 to 20 tokens (of 64) while the run learns (longer reasoning)."""
+    s = _healthy(rng)
+    s["response_len"] = np.linspace(3.5, 20, N) + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01, N) / (P * G)
+    return s
+
+
+REPORT2_HEALTHY = (new_t3_linear_x6, new_loss_exp_x20, new_noisy_eval_20_every5, new_plateau_100_slow,
+                   new_kl_linear_steep, new_lengths_rising_learning)
+REPORT2_SEEDS = range(2000, 2300)
+SLOW_REPORT2_SEEDS = range(2000, 2020)  # the slow pathologies' new seeds (same generators)
+
 SEEN_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
 REPORT_HEALTHY = (report_t3_growing, report_t3_noisy, report_growing_x10, report_plateau_60, report_plateau_150,
                   report_noisy_eval_30)
@@ -415,7 +468,10 @@ ZOO = {
     late_degradation: ({"late_degradation"}, {"reward_hacking"}),
     reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
     loss_spike: ({"loss_spike"}, {"critical", "kl_only_learning"}),  # a spike is not a falling loss
-    length_pathology: ({"length_pathology"}, {"critical"}),
+    # Lengths creeping to the cap, 90 % cut by the end: length_drift's warning held while it worsens is
+    # escalated to critical (cut answers are not graded; this generator leaves the accuracy alone, which
+    # a real run would not: relabelled from "no critical" with the escalation, docs/lead-time.md).
+    length_pathology: ({"length_pathology"}, {"length_capped"}),
     plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
     plateau_small_group: ({"plateau_small_group"}, {"critical"}),
     plateau_grader_loose: ({"plateau_grader_loose"}, {"critical"}),

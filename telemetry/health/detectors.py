@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from statistics import NormalDist
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class Thresholds:
     zero_signal: float = 0.9  # frac_zero_std, window mean
     loss_spike_factor: float = 100.0  # |loss| vs the median |loss| of the `loss_window` steps before (see loss_spike)
     loss_window: int = 50  # steps of a loss reference block (the loss rows compare with earlier blocks)
-    acc_decline_se: float = 3.5  # accuracy decline (2-point means) that counts, in standard errors
+    acc_decline_rate: float = 1e-5  # false held-out declines a step (as loss_blowup_arl): sets the SEs a decline needs
     acc_lookback: int = 10  # eval points the peak is taken over (the max of ever more points drifts up)
     acc_noise_floor: float = 0.03  # smallest accuracy decline that counts, whatever n is
     acc_unknown_n_floor: float = 0.05  # ... when the eval set size is unknown
@@ -84,6 +85,7 @@ class Thresholds:
     clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
+    escalate_windows: int = 1  # a drift row's warning held this many windows, getting worse: critical (_escalate)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
@@ -92,11 +94,12 @@ class Thresholds:
 _FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
              "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
              "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
-             "clip_imbalance_min", "truncation_capped", "repetition")
+             "clip_imbalance_min", "truncation_capped", "repetition", "acc_decline_rate")
 _ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
-           "correctness_lookback": 1, "no_progress_windows": 2}
+           "correctness_lookback": 1, "no_progress_windows": 2,
+           "escalate_windows": 1}
 
 
 def threshold_error(name: str, value: float) -> str | None:
@@ -256,6 +259,18 @@ class _Ctx:
             self.state[key] = float(out[-1])
         return out
 
+    def run_length(self, key: str, mask: np.ndarray) -> np.ndarray:
+        """Consecutive True rows ending at each judged row (0 where False, and before `start`),
+        continuing the run carried from the rows before."""
+        out = np.zeros(self.n)
+        b = mask[self.start:].astype(bool)
+        if len(b):
+            idx = np.arange(len(b))
+            reset = np.maximum.accumulate(np.where(~b, idx, -1))
+            out[self.start:] = np.where(b, idx - reset + np.where(reset < 0, self.state.get(key, 0.0), 0.0), 0.0)
+            self.state[key] = float(out[-1])
+        return out
+
     def trailing_max(self, key: str, x: np.ndarray, m: int) -> np.ndarray:
         """Max of x over the trailing m rows (NaN ignored) at the judged rows; the last m - 1 values
         before `start` are carried (a bounded state: m is a few windows, not the run)."""
@@ -317,15 +332,9 @@ def nonfinite(c: _Ctx) -> None:
     if bad is None:
         c.diag.not_assessable["nonfinite"] = "the log does not mark non-finite steps"
         return
-    # The run of consecutive bad steps ending at each judged row, continuing the carried one: a
-    # warning while it is short, critical from the `nonfinite_run`-th bad step in a row on.
-    b = (bad[c.start:] > 0)
-    idx = np.arange(len(b))
-    reset = np.maximum.accumulate(np.where(~b, idx, -1)) if len(b) else idx
-    run = np.zeros(c.n)
-    run[c.start:] = np.where(b, idx - reset + np.where(reset < 0, c.state.get("nonfinite_run", 0.0), 0.0), 0.0)
-    if c.start < c.n:
-        c.state["nonfinite_run"] = float(run[-1])
+    # The run of consecutive bad steps ending at each judged row: a warning while it is short,
+    # critical from the `nonfinite_run`-th bad step in a row on.
+    run = c.run_length("nonfinite_run", bad > 0)
     evidence = lambda i, j: f"{int(run[j])} step(s) in a row with non-finite loss/gradients (update skipped)"
     c.fire("nonfinite", (run > 0) & (run < c.th.nonfinite_run), evidence, severity="warning")
     c.fire("nonfinite", run >= c.th.nonfinite_run, evidence, severity="critical")
@@ -393,12 +402,24 @@ def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         complete[-1] &= (head + c.n) % lw == 0
         c._ma["loss_blocks"] = (count.astype(float), np.where(count > 0, mid, np.nan), np.where(count > 0, top, np.nan),
                                 complete)
+        c._ma["loss_blocks_sorted"] = blocks  # [nb, loss_window], NaNs last
     count, med, top, complete = c._ma["loss_blocks"]
     nb = len(count)
     ref = np.maximum(c.row // lw - lag, 0) - (c.row[0] // lw if c.n else 0)  # [N] index into the blocks
     ok = (ref >= 0) & complete[np.clip(ref, 0, nb - 1)]
     pick = lambda v: np.where(ok, v[np.clip(ref, 0, nb - 1)], np.nan)
     return pick(count), pick(med), pick(top)
+
+
+def _loss_share_above(c: _Ctx, lag: int, x: np.ndarray) -> np.ndarray:
+    """[N] how many non-zero |loss| of the reference block (as _loss_blocks(c, lag)) lie above x[row], x
+    being one value per block of rows (as every reference statistic is): counted once per block."""
+    blocks, lw = c._ma["loss_blocks_sorted"], c.th.loss_window
+    own = c.row // lw - (c.row[0] // lw if c.n else 0)  # [N] the row's own block
+    first = np.flatnonzero(np.r_[True, np.diff(own) != 0])  # the first row of each
+    ref = np.clip(np.maximum(c.row[first] // lw - lag, 0) - (c.row[0] // lw if c.n else 0), 0, len(blocks) - 1)
+    above = np.sum(blocks[ref] > x[first, None], axis=1).astype(float)  # NaN compares False
+    return above[np.cumsum(np.r_[True, np.diff(own) != 0]) - 1]
 
 
 def loss_spike(c: _Ctx) -> None:
@@ -422,13 +443,19 @@ def loss_blowup(c: _Ctx) -> None:
     the larger of a reference block's maximum and `loss_blowup_factor` (10) x its median; the
     reference is the block two before the update's own (`loss_window` = 50 steps a block, so 51-149
     steps back): a blow-up is the loss's scale growing an order of magnitude within ~100 steps, a
-    drift a healthy run does not make (a scale growing fivefold over 300 steps is 1.7x per 100).
+    drift a healthy run does not make (tests/zoo.py's `report_growing_x10` grows tenfold over 300
+    steps, quadratically, at most 2.6x in any 100).
 
     Under 'nothing changed' a new |loss| exceeds the maximum of the n0 non-zero values of the block
-    with probability 1/(n0+1) whatever its distribution (exchangeability), so p0 = 1/(n0+1) bounds the
-    exceedance rate of T; the test is built to detect a share p1 = `loss_blowup_share` (half the
-    updates). Its log-likelihood ratio accumulates log(p1/p0) per exceedance and log((1-p1)/(1-p0))
-    per other non-zero update; by Wald's bound it alarms by chance at most once in e^h updates,
+    with probability 1/(n0+1) whatever its distribution (exchangeability). But the null a healthy run
+    needs is not 'nothing changed': its scale may grow, by up to half an order of magnitude (sqrt 10,
+    3.2x) over the span; at 10x the median, a half-normal loss grown 3x exceeds T at 3 % of updates,
+    a t3 one at 8 %, far above 1/(n0+1) = 2 %, and the test alarmed on them. So p0 is the exceedance
+    rate such a growth would give, read from the reference block itself (exchangeability again): the
+    share of its values above T / sqrt 10, plus one, over n0 + 1 (at most 0.45); the test is built to
+    detect a share p1 = `loss_blowup_share` (half the updates: at a tenfold scale, half of them pass
+    10x the old median), or twice p0. Its log-likelihood ratio accumulates log(p1/p0) per exceedance
+    and log((1-p1)/(1-p0)) per other non-zero update; by Wald's bound it alarms by chance at most once in e^h updates,
     h = ln(`loss_blowup_arl`) = ln 1e5 = 11.5. Steps with loss exactly 0 carry no information."""
     if not c.need("loss_blowup", "loss"):
         return
@@ -437,7 +464,10 @@ def loss_blowup(c: _Ctx) -> None:
         c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
         return
     limit = np.fmax(top, c.th.loss_blowup_factor * med)
-    p0 = 1 / (n0 + 1)
+    # The exceedance rate a healthy trend may give: the reference block's own share above limit / sqrt 10
+    # (what a scale grown half an order of magnitude would put above the limit), distribution-free.
+    half = _loss_share_above(c, 2, limit / math.sqrt(c.th.loss_blowup_factor))
+    p0 = np.minimum((half + 1) / (n0 + 1), 0.45)
     p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
     informative = (c.row >= c.th.loss_window) & (n0 >= 5) & np.isfinite(a) & (a > 0)
@@ -481,10 +511,17 @@ def _eval_table(c: _Ctx) -> dict[str, np.ndarray]:
 def _accuracy_declines(c: _Ctx, ev: dict[str, np.ndarray]) -> list[tuple[int, int, float, float, int, float]]:
     """Eval points where held-out accuracy fell below its peak beyond sampling noise.
 
-    Accuracy is smoothed over two consecutive eval points (b_k, SE s/sqrt 2 each, s = sqrt(p(1-p)/n)),
-    and b_k must sit `acc_decline_se` (3.5) s below the peak of b over the last `acc_lookback` points. The peak of 10-15 noisy
-    points is biased upwards by ~1.2 s, so 3 s still paged 1 % of simulated healthy runs
-    (tests/zoo.py, 300 seeds) and 3.5 s none. Without n, the decline must reach `acc_unknown_n_floor`.
+    Accuracy is smoothed over two consecutive eval points (b_k), and b_k must sit z s below the peak
+    of b over the last `acc_lookback` (L = 10) points, s = sqrt(p(1-p)/n) the binomial standard error
+    of one evaluation of n = eval_n problems: the difference of two 2-point means that share no
+    evaluation has standard error s. z comes from a false-alarm rate a step, not from results:
+    `acc_decline_rate` = 1e-5 (one false decline in 100,000 steps, loss_blowup's rate). A test is
+    made at every evaluation, g steps apart, against L candidate peaks: by Bonferroni each of the L
+    comparisons may err with probability rate x g / L, so z = Phi^-1(1 - rate g / L): 4.1 for
+    evaluations 20 steps apart, 4.3 for 10 (more, smaller tests a run: small, frequent evaluations
+    need a larger drop, in their own noise s, which n sets). The earlier fixed 3.5 s had been raised
+    from 3 on the fit families and paged 7 of 1,800 report-set runs (30 problems every 10 steps, and
+    plateaus). Without n, the decline must reach `acc_unknown_n_floor`.
     Returns (peak_step, row, peak, value, n, reward moving mean at its peak since the accuracy peak)."""
     values = ev["acc"]
     if len(values) < 2:
@@ -496,7 +533,9 @@ def _accuracy_declines(c: _Ctx, ev: dict[str, np.ndarray]) -> list[tuple[int, in
     peak = np.arange(len(b)) - lookback + windows.argmax(1)
     p = windows.max(1)
     if n:
-        noise = np.maximum(c.th.acc_decline_se * np.sqrt(np.maximum(p * (1 - p), 1e-4) / n), c.th.acc_noise_floor)
+        gap = np.maximum(np.diff(ev["step"]), 1.0)  # [k]: steps between the eval point of b[k] and the one before
+        z = np.array([_NORMAL.inv_cdf(1 - min(c.th.acc_decline_rate * g / lookback, 0.5)) for g in gap])
+        noise = np.maximum(z * np.sqrt(np.maximum(p * (1 - p), 1e-4) / n), c.th.acc_noise_floor)
     else:
         noise = np.full(len(b), c.th.acc_unknown_n_floor)
     hits = np.flatnonzero((p - b >= noise) & ev["new"][1:])
@@ -541,7 +580,9 @@ def late_degradation_and_reward_hacking(c: _Ctx) -> None:
         c.fire(cid, mask, lambda i, j, notes=notes: notes[max(k for k in notes if i <= k <= j)], gap=c.n)
 
 
-def entropy(c: _Ctx) -> None:
+def entropy_rows(c: _Ctx) -> None:
+    """entropy_collapse, entropy_blowup, exploration and entropy_drift: the rows that read the entropy
+    against its early baseline."""
     if not (c.need("entropy_collapse", "entropy", "reward") & c.need("entropy_blowup", "entropy", "reward")
             & c.need("entropy_drift", "entropy", "reward")):
         c.diag.not_assessable.setdefault("exploration", "the log has no entropy")
@@ -583,10 +624,43 @@ def entropy(c: _Ctx) -> None:
     allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
     s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
     alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+    # Not escalated (see _escalate): entropy rising is not damage by itself, and its critical stage is
+    # entropy_blowup; the authors' stable 7_4 run ends with its entropy 5x its baseline, still rising.
     c.fire("entropy_drift", alarm,
            lambda i, j: f"entropy (moving mean) {np.nanmax(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g} "
                         f"(noise {noise:.2g} a step); sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g} "
                         "while the reward is not rising", gap=w)
+
+
+ESCALATING = ("kl_acceleration", "length_drift", "correctness_drop")  # the warning rows with a critical stage (_escalate)
+
+
+def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,
+              excused: np.ndarray | None = None) -> None:
+    """A drift row's warning, and its critical stage. A slow pathology (KL accelerating, lengths
+    creeping to the cap, correctness falling under a format reward) does not correct itself: it runs
+    on to the damage, and the critical page must come before that, not from the row the damage
+    itself trips (issue 22). Critical: the warning held, with its signal (the w moving mean of `raw`;
+    `sign` = +1 where higher is worse) worse than a window earlier by two standard errors of that
+    difference (2 sqrt 2 se, se from the step-to-step noise, as kl_acceleration's), on every step of
+    the last `escalate_windows` (m = 1) windows. Why the margin: without it "worse" is a coin flip
+    on a flat series, and a chance warning held a window became critical (1 of 20 runs of a flat
+    correctness series). Why m = 1: the shortest span any row judges; each further window delays
+    every critical by 20 steps, and the warnings lead the damage by only 5-30 steps
+    (docs/lead-time.md). "Held" as Prometheus's `for:` holds: true at every step, m w + 1 steps from
+    the first to the last (the rule pages on the same expression). The warning keeps the steps
+    before (its lead is unchanged). `excused`: rows where the row's own premise says the drift does
+    no damage (lengths at the cap while the reward still rises, as length_capped)."""
+    assert cid in ESCALATING, cid
+    m, w = c.th.escalate_windows, c.w
+    ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
+    worse = np.ones(c.n, dtype=bool) if excused is None else ~excused
+    for i in range(m):
+        worse &= sign * (_shift(ma, i * w) - _shift(ma, (i + 1) * w)) > _shift(margin, i * w)
+    critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
+    c.fire(cid, alarm & ~critical, evidence, severity="warning", gap=gap)
+    c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical",
+           severity="critical", gap=gap)
 
 
 def _reward_rising(c: _Ctx) -> np.ndarray:
@@ -600,7 +674,8 @@ def _reward_rising(c: _Ctx) -> np.ndarray:
     return ma - _shift(ma, w2) > 2 * math.sqrt(2) * se
 
 
-def kl(c: _Ctx) -> None:
+def kl_rows(c: _Ctx) -> None:
+    """kl_offset, kl_runaway, plateau_kl_flat, kl_dominant and kl_acceleration: the rows that read the KL."""
     c.need("kl_offset", "kl")
     for cid, other in (("kl_runaway", "reward"), ("kl_dominant", "frac_zero_std"), ("plateau_kl_flat", "reward")):
         c.need(cid, "kl", other)  # each row records what it lacks
@@ -646,9 +721,10 @@ def kl(c: _Ctx) -> None:
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
     accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
-    c.fire("kl_acceleration", accel,
-           lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
-                        f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)", gap=w)
+    _escalate(c, "kl_acceleration", accel, c.s["kl"], 1.0,
+              lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
+                           f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)",
+              gap=w)
 
 
 def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
@@ -660,6 +736,7 @@ def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
     return windowed_sd(d, w) * np.sqrt(np.maximum(w - 1, 0) / w) / math.sqrt(2) / math.sqrt(w)
 
 
+_NORMAL = NormalDist()
 KL_ACCEL_Z = 4.0  # standard deviations of noise a KL acceleration must stand out of (one-sided p ~ 3e-5 a step)
 # A standard error estimated from fewer steps than this is itself noise: the rows that test against one
 # need windows of at least MIN_STEPS steps (PromQL: a time window that holds fewer steps does not judge).
@@ -717,14 +794,14 @@ def length_drift(c: _Ctx) -> None:
     q = min(max(t0, 1 / c.w), 0.5)
     share_up = t_ma > t0 + 2 * math.sqrt(q * (1 - q) / c.w)
     u_ma = moving_average(u, c.w)
-    c.fire("length_drift", (s >= c.th.cusum_h) & share_up,
-           lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
-                        f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
-           gap=c.w)
+    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u, 1.0,
+              lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
+                           f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
+              gap=c.w, excused=_reward_rising(c))
 
 
-def correctness(c: _Ctx) -> None:
-    """correctness_drop (warning) and the training-side half of reward_hacking (critical).
+def correctness_drop_and_training_reward_hacking(c: _Ctx) -> None:
+    """correctness_drop (warning, escalating) and the training-side half of reward_hacking (critical).
 
     The verifier's acceptance on the training samples (train_acc, or a correctness reward
     component) against the running peak of its 2w moving mean. Noise: the early step-to-step sd,
@@ -779,7 +856,7 @@ def correctness(c: _Ctx) -> None:
                      f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
         return text
 
-    c.fire("correctness_drop", alarm, evidence, gap=c.w)
+    _escalate(c, "correctness_drop", alarm, acc, -1.0, evidence, gap=c.w)
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
     c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 
@@ -816,7 +893,9 @@ def _reward_flat(c: _Ctx) -> np.ndarray:
     return np.abs(gain) < c.th.reward_drop * c.log.max_reward
 
 
-def plateaus(c: _Ctx) -> None:
+def small_group_loose_grader_kl_only_learning(c: _Ctx) -> None:
+    """plateau_small_group, plateau_grader_loose and kl_only_learning: the plateau rows that are not
+    plateau_kl_flat (kl_rows) or no_progress."""
     full = c.full(2 * c.w)
     if c.need("plateau_small_group", "reward", "frac_zero_std"):
         if c.log.group_size is None:
@@ -975,9 +1054,9 @@ def repetition(c: _Ctx) -> None:
 
 
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
-             late_degradation_and_reward_hacking, correctness, entropy, kl, length_pathology, length_drift,
-             all_wrong_rising, plateaus, no_progress, zero_gradient, grad_norm_spike, clip_imbalance, length_capped,
-             repetition]
+             late_degradation_and_reward_hacking, correctness_drop_and_training_reward_hacking, entropy_rows, kl_rows,
+             length_pathology, length_drift, all_wrong_rising, small_group_loose_grader_kl_only_learning, no_progress,
+             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
@@ -58,7 +58,32 @@ DIFFERS = {
                      "learning while capped, is length_pathology's warning)",
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
+    "length_drift": "its critical stage reads the trainer's warning held and the mean length rising; the trainer also "
+                    "needs the rise beyond two standard errors and does not escalate while the reward rises (as "
+                    "length_capped)",
+    "correctness_drop": "its critical stage reads the trainer's warning held and the training accuracy falling; the "
+                        "trainer also needs the fall beyond two standard errors",
 }
+
+
+# The drift rows whose warning escalates (detectors._escalate): row id -> the PromQL for "its signal
+# is worse than a window earlier". The critical rule is the warning's expression and that, held for
+# `escalate_windows` windows (`for:`, as the detector's run of consecutive steps). Trainer-side rows
+# read the trainer's verdict for the warning part.
+def _worse(p: "RuleParams") -> dict[str, str]:
+    w, by = duration(p.window), _by(p)
+
+    def length(off: str = "") -> str:  # the mean completion length over the window (all completions)
+        return (f"sum {by} (rate({series(p, 'grpo_completion_length_sum')}[{w}]{off}))\n"
+                f"/ sum {by} (rate({series(p, 'grpo_completion_length_count')}[{w}]{off}))")
+
+    worse = {
+        "kl_acceleration": f"grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > {_num(2 * math.sqrt(2))} * grpo:kl_mean:se_w",
+        "length_drift": f"(\n{length()}\n) > (\n{length(f' offset {w}')}\n)",
+        "correctness_drop": "grpo:train_accuracy:avg_w < grpo:train_accuracy:avg_w_prev",
+    }
+    assert set(worse) == set(ESCALATING), "every escalating detector row has its rule"
+    return worse
 
 
 @dataclass(frozen=True)
@@ -77,7 +102,7 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
                    "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min",
-                   "truncation_capped", "kl_growth", "repetition")
+                   "truncation_capped", "kl_growth", "repetition", "escalate_windows")
 
 
 MONITORING = tuple(f.name for f in fields(Monitoring))  # parsed by monitoring.parse
@@ -159,6 +184,7 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:avg_w_prev5": avg("grpo_kl_mean", w, duration(5 * p.window)),
         "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='outcome="any"'),
         "grpo:train_accuracy:avg_w": avg("grpo_train_accuracy", w),
+        "grpo:train_accuracy:avg_w_prev": avg("grpo_train_accuracy", w, w),
         "grpo:train_accuracy:avg_2w": avg("grpo_train_accuracy", w2),
         # Reward above what the strict verifier accepts on the same completions (both as fractions).
         "grpo:reward_over_accuracy:avg_2w": f"grpo:reward_mean:avg_2w / {_num(p.max_reward)} - grpo:train_accuracy:avg_2w",
@@ -361,7 +387,7 @@ def _dashboard(p: RuleParams) -> dict[str, str]:
 
 
 def health_rules(p: RuleParams) -> list[dict]:
-    promql, out = _promql(p), []
+    promql, worse, out = _promql(p), _worse(p), []
     for row in TABLE:
         if row.id in promql:
             expr, summary, description = promql[row.id]
@@ -386,6 +412,12 @@ def health_rules(p: RuleParams) -> list[dict]:
             **_dashboard(p),
         }
         out.append(rule)
+        if row.id in worse:  # the critical stage of a drift row's warning (detectors._escalate)
+            held = duration(p.thresholds.escalate_windows * p.window)
+            out.append({**rule, "expr": f"(\n{expr}\n)\nand {worse[row.id]}", "for": held,
+                        "labels": {"severity": "critical", "condition": row.id, "stage": "escalated"},
+                        "annotations": {**rule["annotations"], "summary": rule["annotations"]["summary"] +
+                                        f" (held {held} while getting worse: critical)"}})
     return out
 
 

@@ -225,10 +225,12 @@ def rule(prom: dict, records: dict[str, str], g: GrafanaParams):
         raise ValueError("Grafana templates have no `query` function: keep run_id in group_by (the dashboard links "
                          "read the run from the alert's labels)")
     no_data, exec_err = _states(prom["labels"])
-    uid = f"{g.uid_prefix}-{prom['labels']['condition']}"
+    # A drift row's escalated stage is a second rule of the same alert; Grafana wants titles unique in a folder.
+    stage = f"-{prom['labels']['stage']}" if "stage" in prom["labels"] else ""
+    uid = f"{g.uid_prefix}-{prom['labels']['condition']}{stage}"
     if len(uid) > 40:  # Grafana's limit; a uid must never be cut into another rule's
         raise ValueError(f"rule uid {uid!r} is longer than Grafana's 40 characters: shorten uid_prefix")
-    return (alerting.Rule(prom["alert"]).uid(uid)
+    return (alerting.Rule(prom["alert"] + stage.replace("-", " ")).uid(uid)
             .queries([query, reduce, condition]).condition(CONDITION)
             .for_val(prom.get("for", "0s")).no_data_state(no_data).exec_err_state(exec_err)
             .labels({k: v.replace("$", "$$") for k, v in labels.items()})  # labels are env-interpolated

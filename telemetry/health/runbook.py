@@ -8,8 +8,12 @@ so the page, the rule and the dashboard cannot disagree.
 from __future__ import annotations
 
 from grpo_sentinel.telemetry.health import rules
+from grpo_sentinel.telemetry.health.detectors import ESCALATING
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
+
+ESCALATED = ("; critical (label `stage: escalated`) once held for a window while its signal keeps getting worse "
+             "(a slow pathology does not correct itself)")
 
 
 def _panels_reading() -> dict[str, list[str]]:
@@ -37,7 +41,8 @@ def markdown() -> str:
                 source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
         panels = ", ".join(f"*{t}*" for t in reading[r.id]) or "*Health conditions*"
         out += [f"## {r.id}", "",
-                f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}. **Source**: {source}", "",
+                f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}{ESCALATED if r.id in ESCALATING else ''}. "
+                f"**Source**: {source}", "",
                 f"**Means**: {r.signals}.", "",
                 f"**Likely cause**: {r.cause}.", "",
                 f"**Confirm on the dashboard**: {panels}: look for {r.signals}; then the *Health conditions* lane "
