@@ -89,9 +89,15 @@ def zoo_table(seeds) -> list[dict]:
             if dmg is not None:
                 wl.append(dmg - fw[-1])
                 cl.append(dmg - fc[-1])
-        med = lambda xs: float(np.nanmedian(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
-        lo = lambda xs: float(np.nanmin(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
-        mean = lambda xs: float(np.nanmean(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+
+        def med(xs):
+            return float(np.nanmedian(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+
+        def lo(xs):
+            return float(np.nanmin(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+
+        def mean(xs):
+            return float(np.nanmean(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
         rows.append({"pathology": gen.__name__, "onset": onset, "damage": dmg, "first_warning": med(fw),
                      "first_critical": med(fc), "warning_lead": med(wl), "warning_lead_min": lo(wl),
                      "lead": med(cl), "lead_min": lo(cl), "lead_mean": mean(cl), "seeds": len(seeds),
@@ -230,10 +236,15 @@ def score(run_dir: Path, name: str, seed: int) -> dict:
     window = log.window or auto_window(log.completions_per_step)
     diag = diagnose(log, Thresholds(window=window))
     offline = {c.id for c in diag.conditions}
-    first = {sev: min(((s, c) for c, s in seen.items() if BY_ID[c].severity == sev), default=(None, "")) for sev in ("warning", "critical")}
+    first = {
+        sev: min(((s, c) for c, s in seen.items() if BY_ID[c].severity == sev), default=(None, ""))
+        for sev in ("warning", "critical")
+    }
     dmg, words, _, _ = damage_step(log, Thresholds(window=window))
     real = real_damage(log)
-    lead = lambda d, a: None if d is None or a is None else d - a
+
+    def lead(d, a):
+        return None if d is None or a is None else d - a
     return {"run": name, "seed": seed, "dir": str(run_dir), "damage": dmg, "damage_words": words, "real_damage": real,
             "first_warning": first["warning"][0], "warning": first["warning"][1],
             "first_critical": first["critical"][0], "critical": first["critical"][1],
@@ -263,8 +274,12 @@ def rescore(runs: Path) -> list[dict]:
         for sev in ("warning", "critical"):
             cs = [(c.first_step, c.id) for c in d.conditions if c.severity == sev]
             row[f"first_{sev}"], row[sev] = min(cs) if cs else (None, "")
-        for key, dmg, sev in (("lead", row["damage"], "critical"), ("warning_lead", row["damage"], "warning"),
-                              ("real_lead", row["real_damage"], "critical"), ("real_warning_lead", row["real_damage"], "warning")):
+        for key, dmg, sev in (
+            ("lead", row["damage"], "critical"),
+            ("warning_lead", row["damage"], "warning"),
+            ("real_lead", row["real_damage"], "critical"),
+            ("real_warning_lead", row["real_damage"], "warning"),
+        ):
             row[key] = None if dmg is None or row[f"first_{sev}"] is None else dmg - row[f"first_{sev}"]
         row["warnings"] = sum(c.severity == "warning" for c in d.conditions)
         row["offline_agrees"] = True
@@ -280,12 +295,15 @@ def induced(steps: int, healthy_seeds: list[int], jobs: int, keep: Path | None) 
     runs += [("healthy (defaults)", [], None, s) for s in healthy_seeds]
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(jobs) as pool:
         out = str(keep) if keep else tmp
-        futures = [pool.submit(induced_run, name, ov, drift, steps, seed, out, i) for i, (name, ov, drift, seed) in enumerate(runs)]
+        futures = [
+            pool.submit(induced_run, name, ov, drift, steps, seed, out, i)
+            for i, (name, ov, drift, seed) in enumerate(runs)
+        ]
         rows = []
         for (name, _, _, seed), f in zip(runs, futures):
             try:
                 rows.append(f.result())
-            except Exception as e:  # one failed run must not lose the others' hour of training
+            except Exception as e:  # noqa: BLE001 - one failed run must not lose the others' hour of training
                 rows.append({"run": name, "seed": seed, "error": f"{type(e).__name__}: {e}"})
         return rows
 
@@ -355,10 +373,13 @@ def main() -> None:
             if "error" in r:
                 print(f"  {label:34} failed: {r['error']}")
                 continue
-            print(f"  {label:34} {fmt(r['first_warning']) + ' ' + r['warning']:>22} {fmt(r['first_critical']) + ' ' + r['critical']:>20} "
-                  f"{fmt(r['damage']):>6} {fmt(r['lead']):>5} {fmt(r['warning_lead']):>5} | {fmt(r['real_damage']):>4} "
-                  f"{fmt(r['real_lead']):>5} {fmt(r['real_warning_lead']):>5}  {r['baseline']:.3f} -> {r['final']:.3f}"
-                  f"{'' if r['offline_agrees'] else '  (offline differs)'}")
+            print(
+                f"  {label:34} {fmt(r['first_warning']) + ' ' + r['warning']:>22} "
+                f"{fmt(r['first_critical']) + ' ' + r['critical']:>20} "
+                f"{fmt(r['damage']):>6} {fmt(r['lead']):>5} {fmt(r['warning_lead']):>5} | {fmt(r['real_damage']):>4} "
+                f"{fmt(r['real_lead']):>5} {fmt(r['real_warning_lead']):>5}  {r['baseline']:.3f} -> {r['final']:.3f}"
+                f"{'' if r['offline_agrees'] else '  (offline differs)'}"
+            )
             if r["run"].startswith("healthy"):
                 pages += sum(BY_ID[c].severity == "critical" for c in r["conditions"])
                 warnings += r["warnings"]

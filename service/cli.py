@@ -28,12 +28,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="override a config field, e.g. --set grpo.beta=0.02 (repeatable)")
     train.add_argument("--steps", type=int, help="number of optimizer steps (run.steps)")
     train.add_argument("--out", help="parent folder of run directories (run.out_dir)")
-    train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint")
+    train.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint"
+    )
     diag = sub.add_parser("diagnose", help="read a run log against the health table")
     diag.add_argument("path", type=Path, help="steps.csv, reward-vs-step.csv, a run directory, a book CSV, a TRL "
                                               "trainer_state.json or a verl/OpenRLHF JSONL metrics log")
     diag.add_argument("--format", default="auto", choices=health_cli.FORMATS)
-    diag.add_argument("--json", action="store_true", help="print {conditions, lead, summary, not_assessable, notes} as JSON, nothing else")
+    diag.add_argument(
+        "--json",
+        action="store_true",
+        help="print {conditions, lead, summary, not_assessable, notes} as JSON, nothing else",
+    )
     diag.add_argument("--report", type=Path, metavar="FILE.md", help="write the markdown monitoring report")
     diag.add_argument("--plot", type=Path, metavar="FILE.png", help="write a PNG of the curves with condition windows shaded")
     diag.add_argument("--window", type=health_cli.whole_number(2, "detector window in steps"),
@@ -151,7 +157,9 @@ def _runs_parser(sub) -> None:
     rec.add_argument("run_id", metavar="ID")
     rec.add_argument("--file", choices=("steps", "reward-vs-step"), default="steps",
                      help="steps.csv (every step, default) or reward-vs-step.csv (the sampling rows)")
-    cmd.add_parser("report", parents=[daemon], help="print the diagnose markdown report of a run so far").add_argument("run_id", metavar="ID")
+    cmd.add_parser("report", parents=[daemon], help="print the diagnose markdown report of a run so far").add_argument(
+        "run_id", metavar="ID"
+    )
 
 
 def telemetry_sinks(cfg) -> list:

@@ -63,7 +63,8 @@ class DataSettings(Section):
     eval_path: str | None = Field(None, description="JSONL held-out set; default: carve `eval_size` rows out of `path`.")
     eval_size: int = Field(200, gt=0, description="Size of the fixed held-out subset that sample_acc is measured on.")
     verifier: Literal["exact", "numeric", "boxed"] = Field(
-        "exact", description="How a completion is checked: exact string, numeric value, or last \\boxed{} (numeric if both parse)."
+        "exact",
+        description="How a completion is checked: exact string, numeric value, or last \\boxed{} (numeric if both parse).",
     )
     prompt_template: str = Field("{prompt}", description="Python format string applied to each row's prompt.")
     max_prompt_tokens: int | None = Field(None, gt=0, description="Longest prompt (template applied) in tokens; "
@@ -119,9 +120,12 @@ class GRPOSettings(Section):
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = Field(
         "grpo", description="grpo: per-sequence token mean; dapo: token-level mean; dr_grpo: sum / (sequences * max_new_tokens)."
     )
-    scale_rewards: Literal["group", "none"] = Field("group", description="Divide advantages by the group's unbiased std + 1e-4, or not.")
+    scale_rewards: Literal["group", "none"] = Field(
+        "group", description="Divide advantages by the group's unbiased std + 1e-4, or not."
+    )
     invalid_reward: Literal["exclude", "fallback"] = Field(
-        "exclude", description="A reward that raises or is NaN/inf/None: drop the sample from its group, or use `reward_fallback`."
+        "exclude",
+        description="A reward that raises or is NaN/inf/None: drop the sample from its group, or use `reward_fallback`.",
     )
     reward_fallback: float = Field(0.0, description="Reward used for an invalid sample when invalid_reward = fallback.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward chunk (gradients accumulate).")
@@ -135,7 +139,9 @@ class OptimSettings(Section):
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW's (beta1, beta2), each in [0, 1).")
-    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to 0 at the last step.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Decay after warm-up, to 0 at the last step."
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up steps.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
@@ -149,15 +155,27 @@ class OptimSettings(Section):
 
 class RunSettings(Section):
     steps: int = Field(300, gt=0, description="Optimizer steps in the run.")
-    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).")
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="Seeds data order, sampling and the held-out split; a step's randomness derives from (seed, step).",
+    )
     out_dir: str = Field("runs", description="Parent folder of run directories.")
     run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,100}$",
                                description="Run directory name (letters, digits, . _ -); default: timestamp + seed.")
     sample_every: int = Field(20, gt=0, description="Evaluate sample_acc on the held-out subset every N steps (and at 0).")
-    eval_seed: int = Field(1234, ge=0, lt=SEED_LIMIT, description="Sampling seed of the held-out evaluation (identical at every sampling point).")
+    eval_seed: int = Field(
+        1234,
+        ge=0,
+        lt=SEED_LIMIT,
+        description="Sampling seed of the held-out evaluation (identical at every sampling point).",
+    )
     checkpoint_every: int = Field(50, gt=0, description="Checkpoint every N steps (and at the end and on SIGTERM).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest complete checkpoints kept on disk.")
-    max_consecutive_faults: int = Field(3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored).")
+    max_consecutive_faults: int = Field(
+        3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored)."
+    )
 
     @field_validator("run_id")
     @classmethod

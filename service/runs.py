@@ -6,9 +6,10 @@ telemetry), `run.json` (the scales telemetry persists at each start: what `diagn
 `summary.json` (its status, rewritten atomically at start and end: the status file), `events.jsonl`
 (starts, resumes, config changes, ends: append-only), the two CSVs and `checkpoints/`. Reading a
 run (`read_config`, `read_summary`, `events`) validates its config purely, never whether it could
-launch: a finished run still reads after its model or data moved (launch.py is the launch's check). While a process trains it, it holds an
-exclusive lock on `.lock` (flock: the kernel releases it when the process dies, however it dies,
-so a lock left by a killed process is never mistaken for a live one); the file names the holder.
+launch: a finished run still reads after its model or data moved (launch.py is the launch's check).
+While a process trains it, it holds an exclusive lock on `.lock` (flock: the kernel releases it when
+the process dies, however it dies, so a lock left by a killed process is never mistaken for a live
+one); the file names the holder.
 """
 
 from __future__ import annotations

@@ -179,9 +179,14 @@ def evaluate(policy: Policy, heldout: list[Example], cfg: Config, batch: int = 2
             o["tokens"].append(roll.lengths.cpu())
         prompt_len = roll.input_ids.shape[1] - roll.completion_ids.shape[1]
         prompt_tokens.append(roll.attention_mask[:, :prompt_len].sum(1).cpu())
-    gens = {mode: Generations(tuple(o["texts"]), np.array([verifier.is_correct(t, e.answer) for t, e in zip(o["texts"], heldout)]),
-                              torch.cat(o["tokens"]).numpy())
-            for mode, o in out.items()}
+    gens = {
+        mode: Generations(
+            tuple(o["texts"]),
+            np.array([verifier.is_correct(t, e.answer) for t, e in zip(o["texts"], heldout)]),
+            torch.cat(o["tokens"]).numpy(),
+        )
+        for mode, o in out.items()
+    }
     return Eval(sample_acc=float(gens["sampled"].correct.mean()), greedy_acc=float(gens["greedy"].correct.mean()),
                 n=len(heldout), prompts=tuple(e.prompt for e in heldout), answers=tuple(e.answer for e in heldout),
                 prompt_tokens=torch.cat(prompt_tokens).numpy(), generations=gens)

@@ -127,17 +127,33 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
               f"sum(increase({_sel(m, 'grpo_reward_invalid_total')}[$__range])) or vector(0)"),
     ]
     reward = [
-        _timeseries("Reward", "Mean combined reward per step and its $window moving average. Never read it alone:",
-                    [_q(_sel(m, "grpo_reward_mean"), "reward"), _q(_ma(m, "grpo_reward_mean"), "moving mean")]),
-        _timeseries("Held-out accuracy vs reward",
-                    "sample_acc on the fixed held-out set (sampled and greedy) against the reward and the verifier's "
-                    "acceptance of the training completions.",
-                    [_q(_sel(m, "grpo_sample_acc"), "sample_acc {{mode}}"), _q(_ma(m, "grpo_reward_mean"), "reward (moving mean)"),
-                     _q(_ma(m, "grpo_train_accuracy"), "train accuracy (moving mean)")], lo=0),
-        _timeseries("Groups without signal", "Fraction of groups whose rewards are all equal (no gradient), split into "
-                    "all-correct and all-wrong.",
-                    [_q(_sel(m, "grpo_frac_zero_std"), "{{outcome}}"), _q(_ma(m, "grpo_frac_zero_std", 'outcome="any"'), "any (moving mean)")],
-                    "percentunit", 0, 1),
+        _timeseries(
+            "Reward",
+            "Mean combined reward per step and its $window moving average. Never read it alone:",
+            [_q(_sel(m, "grpo_reward_mean"), "reward"), _q(_ma(m, "grpo_reward_mean"), "moving mean")],
+        ),
+        _timeseries(
+            "Held-out accuracy vs reward",
+            "sample_acc on the fixed held-out set (sampled and greedy) against the reward and the verifier's "
+            "acceptance of the training completions.",
+            [
+                _q(_sel(m, "grpo_sample_acc"), "sample_acc {{mode}}"),
+                _q(_ma(m, "grpo_reward_mean"), "reward (moving mean)"),
+                _q(_ma(m, "grpo_train_accuracy"), "train accuracy (moving mean)"),
+            ],
+            lo=0,
+        ),
+        _timeseries(
+            "Groups without signal",
+            "Fraction of groups whose rewards are all equal (no gradient), split into all-correct and all-wrong.",
+            [
+                _q(_sel(m, "grpo_frac_zero_std"), "{{outcome}}"),
+                _q(_ma(m, "grpo_frac_zero_std", 'outcome="any"'), "any (moving mean)"),
+            ],
+            "percentunit",
+            0,
+            1,
+        ),
     ]
     kl_loss = [
         _timeseries("KL to the reference", "Token-mean k3 KL per step and its moving mean (absent when beta = 0).",
@@ -192,20 +208,50 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                  "is truncation."),
     ]
     throughput = [
-        _timeseries("Throughput", "Completion tokens per second of step time, and steps per minute.",
-                    [_q(_sel(m, "grpo_tokens_per_second"), "tokens/s"),
-                     _q(f"60 * sum(rate({_sel(m, 'grpo_steps_total')}[$window]))", "steps/min")]),
-        _timeseries("Step time", "Step wall time quantiles (rollout to optimizer step) over $window.",
-                    [_q(f"histogram_quantile({q}, sum by (le) (rate({_sel(m, 'grpo_step_duration_seconds_bucket')}[$window])))",
-                        f"p{int(q * 100)}") for q in (0.5, 0.95)], "s"),
-        _timeseries("Telemetry health", "Failed OTLP exports, rejected histogram values, steps the metrics queue "
-                    "dropped and Langfuse spans and scores not delivered, per $window (GRPOMetricsExportFailing and "
-                    "GRPOTracesDropped page on them).",
-                    [_q(f"sum by (exporter) (increase({_sel(m, 'grpo_telemetry_export_failures_total')}[$window]))", "export failures {{exporter}}"),
-                     _q(f"sum(increase({_sel(m, 'grpo_histogram_rejected_total')}[$window])) or vector(0)", "rejected histogram values"),
-                     _q(f"sum(increase({_sel(m, 'grpo_telemetry_dropped_steps_total')}[$window])) or vector(0)", "dropped steps"),
-                     _q(f"sum by (signal, reason) (increase({_sel(m, 'grpo_traces_dropped_total')}[$window]))",
-                        "traces dropped: {{signal}} {{reason}}")]),
+        _timeseries(
+            "Throughput",
+            "Completion tokens per second of step time, and steps per minute.",
+            [
+                _q(_sel(m, "grpo_tokens_per_second"), "tokens/s"),
+                _q(f"60 * sum(rate({_sel(m, 'grpo_steps_total')}[$window]))", "steps/min"),
+            ],
+        ),
+        _timeseries(
+            "Step time",
+            "Step wall time quantiles (rollout to optimizer step) over $window.",
+            [
+                _q(
+                    f"histogram_quantile({q}, sum by (le) (rate({_sel(m, 'grpo_step_duration_seconds_bucket')}[$window])))",
+                    f"p{int(q * 100)}",
+                )
+                for q in (0.5, 0.95)
+            ],
+            "s",
+        ),
+        _timeseries(
+            "Telemetry health",
+            "Failed OTLP exports, rejected histogram values, steps the metrics queue "
+            "dropped and Langfuse spans and scores not delivered, per $window (GRPOMetricsExportFailing and "
+            "GRPOTracesDropped page on them).",
+            [
+                _q(
+                    f"sum by (exporter) (increase({_sel(m, 'grpo_telemetry_export_failures_total')}[$window]))",
+                    "export failures {{exporter}}",
+                ),
+                _q(
+                    f"sum(increase({_sel(m, 'grpo_histogram_rejected_total')}[$window])) or vector(0)",
+                    "rejected histogram values",
+                ),
+                _q(
+                    f"sum(increase({_sel(m, 'grpo_telemetry_dropped_steps_total')}[$window])) or vector(0)",
+                    "dropped steps",
+                ),
+                _q(
+                    f"sum by (signal, reason) (increase({_sel(m, 'grpo_traces_dropped_total')}[$window]))",
+                    "traces dropped: {{signal}} {{reason}}",
+                ),
+            ],
+        ),
     ]
     ranks = [
         _timeseries("Busy time per rank", "Each training process's step time minus its wait in collectives, moving "
@@ -246,11 +292,19 @@ def variables(m: Monitoring = Monitoring()) -> list:
     source, common = _common_variables(m)
     return [
         *source,
-        db.QueryVariable("job").label("Job").datasource(DS).query("label_values(" + series(m, "target_info", 'service_name="grpo-sentinel"') + ", job)")
+        db.QueryVariable("job")
+        .label("Job")
+        .datasource(DS)
+        .query("label_values(" + series(m, "target_info", 'service_name="grpo-sentinel"') + ", job)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED),
-        db.QueryVariable("run").label("Run").datasource(DS).query("label_values(" + series(m, "grpo_step", 'job=~"$job"') + ", run_id)")
+        db.QueryVariable("run")
+        .label("Run")
+        .datasource(DS)
+        .query("label_values(" + series(m, "grpo_step", 'job=~"$job"') + ", run_id)")
         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .description("The run id (grpo.run_id, the run_id label of every series): one run, on whichever trainers it ran."),
+        .description(
+            "The run id (grpo.run_id, the run_id label of every series): one run, on whichever trainers it ran."
+        ),
         *common,
     ]
 

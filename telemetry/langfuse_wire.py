@@ -157,7 +157,11 @@ class CountingSpanExporter:
             from opentelemetry.sdk.trace.export import SpanExportResult
 
             return (200, "") if self.inner.export(spans) is SpanExportResult.SUCCESS else (None, "no answer")
-        r = self.session.post(self.url, data=gzip.compress(encode_spans(spans).SerializeToString(), compresslevel=6), timeout=self.timeout_s)
+        r = self.session.post(
+            self.url,
+            data=gzip.compress(encode_spans(spans).SerializeToString(), compresslevel=6),
+            timeout=self.timeout_s,
+        )
         return r.status_code, f"HTTP {r.status_code}: {r.text[:200]}"
 
 

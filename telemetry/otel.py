@@ -37,8 +37,11 @@ class _CountingExporter(MetricExporter):
         self.inner, self.name, self.on_failure = inner, name, on_failure
         self.failing = False
         self.in_flight_since: float | None = None  # an export that has not returned (a collector that never answers)
-        for logger in ("opentelemetry.exporter.otlp.proto.http.metric_exporter", "opentelemetry.exporter.otlp.proto.grpc.exporter",
-                       "opentelemetry.exporter.otlp.common.http"):
+        for logger in (
+            "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+            "opentelemetry.exporter.otlp.proto.grpc.exporter",
+            "opentelemetry.exporter.otlp.common.http",
+        ):
             logging.getLogger(logger).setLevel(logging.CRITICAL)
 
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
@@ -73,7 +76,9 @@ def otlp_exporter_from_env() -> MetricExporter | None:
     """The standard OTEL_EXPORTER_OTLP_* variables; None when no endpoint is set."""
     if not (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
         return None
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     elif protocol == "http/protobuf":

@@ -55,9 +55,13 @@ class TelemetrySettings(Section):
     prometheus: bool = Field(True, description="Serve OpenTelemetry metrics at http://<host>:<port>/metrics for Prometheus.")
     prometheus_host: str = Field("127.0.0.1", description="Bind address; 0.0.0.0 to be scraped from other hosts (e.g. in a pod).")
     prometheus_port: int = Field(9464, ge=0, le=65535, description="Port; 0 picks a free one (logged at start).")
-    linger_s: float = Field(0.0, ge=0, description="Keep /metrics up this long after the run ends, so a last scrape sees the final step.")
+    linger_s: float = Field(
+        0.0, ge=0, description="Keep /metrics up this long after the run ends, so a last scrape sees the final step."
+    )
     otlp_export_interval_s: float = Field(
-        10.0, gt=0, description="Push interval when OTEL_EXPORTER_OTLP_ENDPOINT is set (protocol per OTEL_EXPORTER_OTLP_PROTOCOL)."
+        10.0,
+        gt=0,
+        description="Push interval when OTEL_EXPORTER_OTLP_ENDPOINT is set (protocol per OTEL_EXPORTER_OTLP_PROTOCOL).",
     )
 
 

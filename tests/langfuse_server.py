@@ -209,7 +209,10 @@ class Trace:
 
     @property
     def name(self) -> str | None:
-        return next((s["attributes"]["langfuse.trace.name"] for s in self.spans if "langfuse.trace.name" in s["attributes"]), None)
+        return next(
+            (s["attributes"]["langfuse.trace.name"] for s in self.spans if "langfuse.trace.name" in s["attributes"]),
+            None,
+        )
 
     @property
     def session_id(self) -> str | None:
@@ -217,7 +220,10 @@ class Trace:
 
     @property
     def tags(self) -> tuple:
-        return next((s["attributes"]["langfuse.trace.tags"] for s in self.spans if s["attributes"].get("langfuse.trace.tags")), ())
+        return next(
+            (s["attributes"]["langfuse.trace.tags"] for s in self.spans if s["attributes"].get("langfuse.trace.tags")),
+            (),
+        )
 
     @property
     def generations(self) -> list[dict]:
@@ -325,7 +331,9 @@ class FakeLangfuse:
         if version is not None:
             digits = re.match(r"\s*[+-]?\d+", version)  # parseInt
             if not digits or int(digits.group()) > 4:
-                return self._refuse("otel", 400, [f'Unsupported x-langfuse-ingestion-version: "{version}". Maximum supported: "4".'])
+                return self._refuse(
+                    "otel", 400, [f'Unsupported x-langfuse-ingestion-version: "{version}". Maximum supported: "4".']
+                )
         try:
             req = ExportTraceServiceRequest.FromString(body)
         except DecodeError:

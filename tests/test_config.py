@@ -78,7 +78,9 @@ def test_missing_model_dir_and_dataset(tmp_path):
 def test_model_dir_without_config_json(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "d.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    assert "has no config.json" in launch_problems(tmp_path, f"model: {{path: {tmp_path}/m}}\ndata: {{path: {tmp_path}/d.jsonl}}\n")
+    assert "has no config.json" in launch_problems(
+        tmp_path, f"model: {{path: {tmp_path}/m}}\ndata: {{path: {tmp_path}/d.jsonl}}\n"
+    )
 
 
 def test_unknown_reward_function(tmp_path):

@@ -27,7 +27,10 @@ def test_the_api_queues_runs_validates_every_field_and_serves_record_and_report(
     assert code == 422
     code, body = d.call("POST", "/v1/runs", {"grpo": {"group_sise": 8}, "optim": {"lr": "fast"}})
     assert code == 422 and "grpo.group_sise: unknown key (did you mean 'group_size'?)" in body["message"]
-    assert "optim.lr" in body["message"] and {tuple(e["loc"]) for e in body["detail"]} == {("grpo", "group_sise"), ("optim", "lr")}
+    assert "optim.lr" in body["message"] and {tuple(e["loc"]) for e in body["detail"]} == {
+        ("grpo", "group_sise"),
+        ("optim", "lr"),
+    }
     assert d.call("POST", "/v1/runs", {"run": {"run_id": "../escape"}})[0] == 422  # a run id is a directory name
     # Two runs queue and run one after the other; a third, still queued, is removed by stop.
     assert d.call("POST", "/v1/runs", {**RUN, "run": {**RUN["run"], "run_id": "a"}}) == (201, {"id": "a", "status": "queued"})
@@ -147,8 +150,12 @@ def test_beyond_loopback_a_token_is_required(daemons, tmp_path, demo_dir):
     (tmp_path / "envprobe.py").write_text("import os, pathlib\n\ndef reward(completion, answer, prompt):\n"
                                           "    pathlib.Path(os.environ['PROBE']).write_text(os.environ.get("
                                           "'GRPO_SENTINEL_API_TOKEN', '<absent>'))\n    return 0.0\n")
-    d = daemons("--reward-module", "envprobe", host="0.0.0.0", env={"GRPO_SENTINEL_API_TOKEN": "s3cret", "PYTHONPATH": str(tmp_path),
-                                     "PROBE": str(tmp_path / "probe.txt")}).ready()
+    d = daemons(
+        "--reward-module",
+        "envprobe",
+        host="0.0.0.0",
+        env={"GRPO_SENTINEL_API_TOKEN": "s3cret", "PYTHONPATH": str(tmp_path), "PROBE": str(tmp_path / "probe.txt")},
+    ).ready()
     assert d.call("GET", "/v1/runs")[0] == 401
     assert d.call("GET", "/v1/runs", token="wrong")[0] == 401
     assert d.call("GET", "/v1/runs", token="s3cret") == (200, [])

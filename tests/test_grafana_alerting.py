@@ -227,7 +227,10 @@ def check_rule_file(doc: dict) -> None:
                 assert isinstance(q["model"], dict) and q["model"]["refId"] == q["refId"], where
                 if q["datasourceUid"] == rg.EXPR:
                     # An expression reads refIds defined before it.
-                    assert all(ref in refs[:refs.index(q["refId"])] for ref in re.findall(r"\$?([A-Z])\b", q["model"]["expression"])), where
+                    assert all(
+                        ref in refs[: refs.index(q["refId"])]
+                        for ref in re.findall(r"\$?([A-Z])\b", q["model"]["expression"])
+                    ), where
                 else:
                     _strict(q["relativeTimeRange"], {"from", "to"}, {"from", "to"}, where)
                     assert q["model"]["instant"] is True and q["model"]["expr"].strip(), where

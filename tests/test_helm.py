@@ -219,7 +219,11 @@ def test_restricted_security_with_writable_mounts(ci):
     pod = one(CI[ci], "Deployment")["spec"]["template"]["spec"]
     c = pod["containers"][0]
     sc, psc = c["securityContext"], pod["securityContext"]
-    assert psc["runAsNonRoot"] is True and psc["runAsUser"] == _dockerfile_uid() and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert (
+        psc["runAsNonRoot"] is True
+        and psc["runAsUser"] == _dockerfile_uid()
+        and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    )
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert pod["automountServiceAccountToken"] is False
@@ -267,7 +271,10 @@ def test_probes_and_termination_grace(ci):
     grace = int(c["args"][c["args"].index("--grace-s") + 1])
     assert pod["terminationGracePeriodSeconds"] > grace
     daemon = merged(_chart().values, CI[ci])["daemon"]
-    assert (grace, pod["terminationGracePeriodSeconds"]) == (daemon["graceSeconds"], daemon["graceSeconds"] + daemon["terminationMarginSeconds"])
+    assert (grace, pod["terminationGracePeriodSeconds"]) == (
+        daemon["graceSeconds"],
+        daemon["graceSeconds"] + daemon["terminationMarginSeconds"],
+    )
 
 
 def test_state_on_a_claim():
@@ -456,9 +463,13 @@ def _floats(doc):
 
 
 def _grafana_expected(settings: dict, grafana: str, g: dict) -> dict:
-    p = rulegen.with_settings(rulegen.RuleParams(), [f"{k}={v}" for k, v in settings.items()] + ([f"grafana={grafana}"] if grafana else []))
+    p = rulegen.with_settings(
+        rulegen.RuleParams(), [f"{k}={v}" for k, v in settings.items()] + ([f"grafana={grafana}"] if grafana else [])
+    )
     names = {"datasourceUid": "datasource", "folder": "folder", "interval": "interval", "orgId": "org", "uidPrefix": "uid_prefix"}
-    return _floats(rules_grafana.provisioning(p, rules_grafana.GrafanaParams(**{names[k]: v for k, v in g.items() if k in names})))
+    return _floats(
+        rules_grafana.provisioning(p, rules_grafana.GrafanaParams(**{names[k]: v for k, v in g.items() if k in names}))
+    )
 
 
 @pytest.mark.parametrize("settings,grafana", [

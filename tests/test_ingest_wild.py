@@ -250,7 +250,10 @@ def test_console_logs_of_trl_verl_and_step_printing_loops(tmp_path):
     log = load(tmp_path / "verl.log")
     assert log.series["reward"].tolist() == [0.25, 0.375] and log.series["loss"].tolist() == [0.1, -0.05]
     assert log.series["response_len"].tolist() == [120.5, 130.0]
-    book = ["[Step 1/500] loss=-0.03 reward_avg=0.125 avg_response_len=38.4", "[Step 2/500] loss=-0.12 reward_avg=0.25 avg_response_len=384.0"]
+    book = [
+        "[Step 1/500] loss=-0.03 reward_avg=0.125 avg_response_len=38.4",
+        "[Step 2/500] loss=-0.12 reward_avg=0.25 avg_response_len=384.0",
+    ]
     (tmp_path / "book.txt").write_text("\n".join(book) + "\n")
     assert load(tmp_path / "book.txt").series["reward"].tolist() == [0.125, 0.25]
 

@@ -65,11 +65,21 @@ def test_rules_cli_writes_a_variant_and_rejects_bad_settings(tmp_path, promtool)
     assert "[10m]" in p.stdout and "[5m]" not in p.stdout
     (tmp_path / "r.yml").write_text(p.stdout)
     assert subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")], capture_output=True).returncode == 0
-    for bad, says in (("klbound=1", "unknown rule setting 'klbound'; known: window"), ("window=5x", "not a positive duration"), ("window=0", "not a positive duration"),
-                      ("kl_bound=high", "not a number"), ("nonfinite_run=2.5", "not a whole number"), ("kl_bound", "NAME=VALUE"),
-                      ("kl_bound=-1", "kl_bound must be > 0"), ("max_reward=0", "max_reward must be > 0"),
-                      ("saturated=1.5", "in (0, 1]"), ("kl_accel=1", "a number > 1"), ("kl_bound=nan", "not a number"),
-                      ("group_by=", "comma-separated label names"), ("group_by=job,in stance", "comma-separated label names")):
+    for bad, says in (
+        ("klbound=1", "unknown rule setting 'klbound'; known: window"),
+        ("window=5x", "not a positive duration"),
+        ("window=0", "not a positive duration"),
+        ("kl_bound=high", "not a number"),
+        ("nonfinite_run=2.5", "not a whole number"),
+        ("kl_bound", "NAME=VALUE"),
+        ("kl_bound=-1", "kl_bound must be > 0"),
+        ("max_reward=0", "max_reward must be > 0"),
+        ("saturated=1.5", "in (0, 1]"),
+        ("kl_accel=1", "a number > 1"),
+        ("kl_bound=nan", "not a number"),
+        ("group_by=", "comma-separated label names"),
+        ("group_by=job,in stance", "comma-separated label names"),
+    ):
         p = subprocess.run(cli("rules", "--set", bad), capture_output=True, text=True)
         assert p.returncode == 2 and says in p.stderr and not p.stdout, (bad, p.stderr)
 
@@ -158,7 +168,11 @@ def test_service_dashboard_queries_parse_and_use_only_daemon_and_catalogue_metri
     assert {"grpo_runs", "grpo_runs_finished_total", "grpo_step", "grpo_health_condition"} <= used <= CATALOGUE_NAMES
     assert any("ALERTS{" in e for _, e in qs)  # alerts firing per run
     vars_ = {"$job": "grpo", "$window": "5m", "$__range": "1h"}
-    doc = {"groups": [{"name": "service", "rules": [{"record": f"q:{i}", "expr": _with(e, vars_)} for i, (_, e) in enumerate(qs)]}]}
+    doc = {
+        "groups": [
+            {"name": "service", "rules": [{"record": f"q:{i}", "expr": _with(e, vars_)} for i, (_, e) in enumerate(qs)]}
+        ]
+    }
     (tmp_path / "q.yml").write_text(yaml.safe_dump(doc))
     p = subprocess.run([promtool, "check", "rules", str(tmp_path / "q.yml")], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -192,19 +206,49 @@ def test_alerts_link_the_runs_dashboard_and_generations_when_grafana_and_langfus
                                                           "langfuse=https://langfuse.example.com/project/p1"])
     (tmp_path / "rules.yml").write_text(rulegen.render(params))
     drift = next(r for r in rulegen.rules(params)["groups"][1]["rules"] if r["alert"] == "GRPOAdvMeanDrift")
-    case = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
-        "interval": "1m",
-        "input_series": [{"series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464",run_id="run 7"}', "values": "0.05x5"}],
-        "alert_rule_test": [{"eval_time": "2m", "alertname": "GRPOAdvMeanDrift", "exp_alerts": [{
-            "exp_labels": {"severity": "critical", "condition": "adv_mean_drift", "job": "grpo", "instance": "10.0.0.7:9464",
-                           "run_id": "run 7"},
-            "exp_annotations": {**{k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace("{{ $value }}", "0.05")
-                                   for k, v in drift["annotations"].items()},
-                                "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7",
-                                # the run's Langfuse session: the trace exporter's session id is the run id
-                                "generations_url": "https://langfuse.example.com/project/p1/sessions/run+7"},
-        }]}],
-    }]}
+    case = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'grpo_advantage_mean{job="grpo",instance="10.0.0.7:9464",run_id="run 7"}',
+                        "values": "0.05x5",
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "2m",
+                        "alertname": "GRPOAdvMeanDrift",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "condition": "adv_mean_drift",
+                                    "job": "grpo",
+                                    "instance": "10.0.0.7:9464",
+                                    "run_id": "run 7",
+                                },
+                                "exp_annotations": {
+                                    **{
+                                        k: v.replace("{{ $labels.instance }}", "10.0.0.7:9464").replace(
+                                            "{{ $value }}", "0.05"
+                                        )
+                                        for k, v in drift["annotations"].items()
+                                    },
+                                    "dashboard_url": "https://grafana.example.com/d/grpo-health?var-job=grpo&var-run=run+7",
+                                    # the run's Langfuse session: the trace exporter's session id is the run id
+                                    "generations_url": "https://langfuse.example.com/project/p1/sessions/run+7",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     p = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr

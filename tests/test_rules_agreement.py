@@ -68,7 +68,9 @@ def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
     diagnosis = diagnose(log)
     found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
     # A drift row's escalated stage (critical, label stage="escalated") fires exactly where diagnose escalates it.
-    escalated = {c.id for c in diagnosis.conditions if c.severity == "critical" and BY_ID[c.id].severity == "warning"} - set(TRAINER_SIDE)
+    escalated = {
+        c.id for c in diagnosis.conditions if c.severity == "critical" and BY_ID[c.id].severity == "warning"
+    } - set(TRAINER_SIDE)
     end = (len(log) - 1) * STEP_S
     return {
         "name": f"{name}: diagnose reports {sorted(found) or 'nothing'}",

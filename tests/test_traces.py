@@ -192,7 +192,9 @@ def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
     import requests
 
     langfuse.auth = "Basic " + base64.b64encode(b"pk-lf-strict:sk-lf-test").decode()
-    sink = TraceSink(TracesSettings(), Credentials("pk-lf-strict", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter())
+    sink = TraceSink(
+        TracesSettings(), Credentials("pk-lf-strict", "sk-lf-test", langfuse.url), span_exporter=InMemorySpanExporter()
+    )
     sink.start(INFO)
     s = step(5)
     sink.on_step(replace(s, traces=sink.plan(s)))
@@ -230,7 +232,9 @@ def test_the_stand_in_refuses_what_the_server_refuses(langfuse):
     # A batch that is not {"batch": [...]}, a body that is not JSON (NaN), or not said to be JSON: 400.
     for data, ctype in ((json.dumps(batch["batch"]), "application/json"),
                         ('{"batch": [{"value": NaN}]}', "application/json"), (json.dumps(batch), "text/plain")):
-        r = requests.post(langfuse.url + "/api/public/ingestion", data=data, headers={**headers, "Content-Type": ctype}, timeout=5)
+        r = requests.post(
+            langfuse.url + "/api/public/ingestion", data=data, headers={**headers, "Content-Type": ctype}, timeout=5
+        )
         assert r.status_code == 400, (data[:40], ctype)
     # The scores route takes one score object: the list SDK 5.2's client sends is a 400.
     scores = [e["body"] for e in batch["batch"]]

@@ -492,7 +492,14 @@ ZOO = {
 }
 HEALTHY = (healthy, healthy_format, healthy_optimizer)
 FIT_HEALTHY = HEALTHY + SEEN_HEALTHY
-FROM_START = (reward_saturated, plateau_kl_flat, plateau_small_group, plateau_grader_loose, no_progress, kl_offset)  # no onset: there all along
+FROM_START = (
+    reward_saturated,
+    plateau_kl_flat,
+    plateau_small_group,
+    plateau_grader_loose,
+    no_progress,
+    kl_offset,
+)  # no onset: there all along
 
 
 def truth(gen, seed: int = 0) -> tuple[int | None, int | None]:

@@ -335,7 +335,10 @@ def nonfinite(c: _Ctx) -> None:
     # The run of consecutive bad steps ending at each judged row: a warning while it is short,
     # critical from the `nonfinite_run`-th bad step in a row on.
     run = c.run_length("nonfinite_run", bad > 0)
-    evidence = lambda i, j: f"{int(run[j])} step(s) in a row with non-finite loss/gradients (update skipped)"
+
+    def evidence(i, j):
+        return f"{int(run[j])} step(s) in a row with non-finite loss/gradients (update skipped)"
+
     c.fire("nonfinite", (run > 0) & (run < c.th.nonfinite_run), evidence, severity="warning")
     c.fire("nonfinite", run >= c.th.nonfinite_run, evidence, severity="critical")
 
@@ -407,7 +410,10 @@ def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     nb = len(count)
     ref = np.maximum(c.row // lw - lag, 0) - (c.row[0] // lw if c.n else 0)  # [N] index into the blocks
     ok = (ref >= 0) & complete[np.clip(ref, 0, nb - 1)]
-    pick = lambda v: np.where(ok, v[np.clip(ref, 0, nb - 1)], np.nan)
+
+    def pick(v):
+        return np.where(ok, v[np.clip(ref, 0, nb - 1)], np.nan)
+
     return pick(count), pick(med), pick(top)
 
 
@@ -434,8 +440,15 @@ def loss_spike(c: _Ctx) -> None:
     a = np.abs(c.s["loss"])
     n, med, _ = _loss_blocks(c, 1)
     mask = (c.row >= c.th.loss_window) & (n >= 5) & (a > c.th.loss_spike_factor * med)
-    c.fire("loss_spike", mask, lambda i, j: f"|loss| up to {np.nanmax(a[i:j + 1]):.3g}, over {c.th.loss_spike_factor:g}x "
-                                            f"the median {np.nanmin(med[i:j + 1]):.3g} of the {c.th.loss_window} steps before", gap=c.w)
+    c.fire(
+        "loss_spike",
+        mask,
+        lambda i, j: (
+            f"|loss| up to {np.nanmax(a[i : j + 1]):.3g}, over {c.th.loss_spike_factor:g}x "
+            f"the median {np.nanmin(med[i : j + 1]):.3g} of the {c.th.loss_window} steps before"
+        ),
+        gap=c.w,
+    )
 
 
 def loss_blowup(c: _Ctx) -> None:
@@ -705,9 +718,15 @@ def kl_rows(c: _Ctx) -> None:
         k_before = _shift(k_ma, 2 * c.w)
         # KL at least doubling within two windows while no group carries signal: the KL term is
         # the only gradient left. A small, slowly growing KL on a saturated task is not this.
-        c.fire("kl_dominant", full & (z >= c.th.kl_dominant_zero) & (k_slope > 0) & (k_ma > c.th.kl_dominant_min) & (k_ma > 2 * k_before),
-               lambda i, j: f"KL rising to {np.nanmax(k_ma[i:j + 1]):.3g} while {100 * np.nanmin(z[i:j + 1]):.0f} % of groups carry no signal",
-               gap=c.w)
+        c.fire(
+            "kl_dominant",
+            full & (z >= c.th.kl_dominant_zero) & (k_slope > 0) & (k_ma > c.th.kl_dominant_min) & (k_ma > 2 * k_before),
+            lambda i, j: (
+                f"KL rising to {np.nanmax(k_ma[i : j + 1]):.3g} while "
+                f"{100 * np.nanmin(z[i : j + 1]):.0f} % of groups carry no signal"
+            ),
+            gap=c.w,
+        )
     # kl_acceleration: super-linear growth. Three consecutive window means m2, m1, m0 (each with
     # standard error se): the KL was already growing (m1 - m2 > 4 sd of that difference, sqrt 2 se)
     # and its growth over the last window exceeds kl_accel (a = 2) times the window before's by 4 sd
@@ -748,11 +767,17 @@ def length_pathology(c: _Ctx) -> None:
     if c.has("truncation_rate"):
         t = c.ma("truncation_rate")
         pinned = t >= c.th.truncation
-        what = lambda i, j: f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions truncated at max_new_tokens"
+
+        def what(i, j):
+            return f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions truncated at max_new_tokens"
+
     elif c.log.max_new_tokens and c.has("response_len"):
         t = c.ma("response_len") / c.log.max_new_tokens
         pinned = t >= 0.9
-        what = lambda i, j: f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
+
+        def what(i, j):
+            return f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
+
     else:
         c.diag.not_assessable["length_pathology"] = "the log has no truncation rate and max_new_tokens is unknown"
         return
@@ -773,8 +798,11 @@ def length_drift(c: _Ctx) -> None:
     above its early level by more than two binomial standard errors of a window mean."""
     cap = c.log.max_new_tokens
     if not (cap and c.has("response_len")):
-        c.diag.not_assessable["length_drift"] = ("max_new_tokens is unknown (not in the log, and lengths do not pile up "
-                                                 "at one ceiling)" if c.has("response_len") else "the log has no completion length")
+        c.diag.not_assessable["length_drift"] = (
+            "max_new_tokens is unknown (not in the log, and lengths do not pile up at one ceiling)"
+            if c.has("response_len")
+            else "the log has no completion length"
+        )
         return
     u = c.s["response_len"] / cap
     capped = c.s["truncation_rate"] if c.has("truncation_rate") else (c.s["response_len"] >= cap).astype(float)
@@ -902,9 +930,14 @@ def small_group_loose_grader_kl_only_learning(c: _Ctx) -> None:
             c.diag.not_assessable["plateau_small_group"] = "the group size G is unknown"
         elif c.log.group_size <= c.th.small_group:
             z = c.ma("frac_zero_std")
-            c.fire("plateau_small_group", full & _reward_flat(c) & (z >= c.th.small_group_zero),
-                   lambda i, j: f"G = {c.log.group_size}: reward flat, {100 * np.nanmax(z[i:j + 1]):.0f} % of groups without signal",
-                   gap=c.w)
+            c.fire(
+                "plateau_small_group",
+                full & _reward_flat(c) & (z >= c.th.small_group_zero),
+                lambda i, j: (
+                    f"G = {c.log.group_size}: reward flat, {100 * np.nanmax(z[i : j + 1]):.0f} % of groups without signal"
+                ),
+                gap=c.w,
+            )
     if c.need("plateau_grader_loose", "reward", "train_acc"):
         # What the grader pays vs what the strict verifier accepts *on the same completions*. (Reward vs
         # held-out accuracy would also fire on any train/eval difficulty gap, e.g. both book runs.)
@@ -975,7 +1008,10 @@ def zero_gradient(c: _Ctx) -> None:
     gradient is the reward's doing: that is signal_vanished, at its extreme, not this row."""
     if not c.need("zero_gradient", "grad_norm"):
         return
-    run = lambda x: moving_average(x.astype(float), c.w) >= 1 - 1e-9  # every row of the trailing window
+
+    def run(x):
+        return moving_average(x.astype(float), c.w) >= 1 - 1e-9  # every row of the trailing window
+
     g = c.s["grad_norm"]
     explained = run(c.s["frac_zero_std"] >= 1) if c.has("frac_zero_std") else np.zeros(c.n, dtype=bool)
     c.fire("zero_gradient", c.full(c.w) & run(np.isfinite(g) & (g == 0)) & ~explained,
@@ -1018,15 +1054,21 @@ def clip_imbalance(c: _Ctx) -> None:
 
 def length_capped(c: _Ctx) -> None:
     """Almost every completion cut at the cap (the truncation rate's window mean at
-    `truncation_capped`, 0.9, from below `truncation` early in the run) while the reward is not rising: a cut answer is not graded, so groups
-    lose their reward spread and the gradient heads to 0; critical, where length_pathology (half of
-    them cut) is a warning."""
+    `truncation_capped`, 0.9, from below `truncation` early in the run) while the reward is not rising:
+    a cut answer is not graded, so groups lose their reward spread and the gradient heads to 0;
+    critical, where length_pathology (half of them cut) is a warning."""
     if c.has("truncation_rate"):
         t = c.ma("truncation_rate")
-        what = lambda i, j: f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions cut at max_new_tokens ({c.w}-step mean)"
+
+        def what(i, j):
+            return f"{100 * np.nanmax(t[i:j + 1]):.0f} % of completions cut at max_new_tokens ({c.w}-step mean)"
+
     elif c.log.max_new_tokens and c.has("response_len"):
         t = c.ma("response_len") / c.log.max_new_tokens
-        what = lambda i, j: f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
+
+        def what(i, j):
+            return f"mean length {100 * np.nanmax(t[i:j + 1]):.0f} % of max_new_tokens={c.log.max_new_tokens}"
+
     else:
         c.diag.not_assessable["length_capped"] = "the log has no truncation rate and max_new_tokens is unknown"
         return

@@ -278,7 +278,9 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> Run
             ignored.append(f"{k} (no row reads it)")
     for fn, k in components.items():
         series[f"reward_{fn}"] = np.array([_number(r.get(k)) for r in kept])
-    log.read = [n if n == k else f"{k} -> {n}" for n, k in chosen.items()] + [f"{k} -> reward_{fn}" for fn, k in components.items()]
+    log.read = [n if n == k else f"{k} -> {n}" for n, k in chosen.items()] + [
+        f"{k} -> reward_{fn}" for fn, k in components.items()
+    ]
     log.ignored = ignored
     log.notes.append("columns read: " + ", ".join(log.read[:len(chosen)]))
     if components:

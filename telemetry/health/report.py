@@ -80,7 +80,9 @@ def _finite(x):
 
 
 def lead_words(lead: Lead) -> str:
-    """'first warning at 125 (all_wrong_rising), first critical at 227 (loss_blowup); damage at 250 (...): paged 23 steps before'."""
+    """'first warning at 125 (all_wrong_rising), first critical at 227 (loss_blowup); damage at 250 "
+    "(...): paged 23 steps before'."""
+
     def at(step, cid):
         return f"at step {step} ({cid})" if step is not None else "none"
     text = f"first warning {at(lead.first_warning, lead.warning)}, first critical {at(lead.first_critical, lead.critical)}; "
@@ -114,7 +116,9 @@ def to_text(diag: Diagnosis, log: RunLog, th: Thresholds) -> str:
     for name in ("reward", "kl"):
         if name in sm:
             d = sm[name]
-            lines.append(f"{name}: mean {d['mean']:.4g} p5 {d['p5']:.4g} p50 {d['p50']:.4g} p95 {d['p95']:.4g} p99 {d['p99']:.4g}")
+            lines.append(
+                f"{name}: mean {d['mean']:.4g} p5 {d['p5']:.4g} p50 {d['p50']:.4g} p95 {d['p95']:.4g} p99 {d['p99']:.4g}"
+            )
     if "reward_curve" in sm:
         rc = sm["reward_curve"]
         lines.append(f"reward curve ({rc['window']}-step mean): {rc['start']:.3f} -> peak {rc['peak']:.3f} -> {rc['end']:.3f}; "

@@ -202,8 +202,10 @@ def recording_rules(p: RuleParams) -> list[dict]:
         # (idelta at every evaluation of the window; a repeated scrape of one step, a zero difference,
         # is left out) / sqrt 2, over sqrt(steps): a trend only shifts the differences' mean
         # (detectors._diff_se), for kl_acceleration.
-        "grpo:kl_mean:se_w": (f"avg {by} (stddev_over_time((idelta({kl}[{w2}]) != 0)[{w}:]))\n"
-                              f"/ {_num(math.sqrt(2))} / sqrt(grpo:steps:seen_w)"),
+        "grpo:kl_mean:se_w": (
+            f"avg {by} (stddev_over_time((idelta({kl}[{w2}]) != 0)[{w}:]))\n"
+            f"/ {_num(math.sqrt(2))} / sqrt(grpo:steps:seen_w)"
+        ),
         "grpo:entropy_mean:avg_w": avg("grpo_entropy_mean", w),
         "grpo:entropy_mean:avg_w_prev": avg("grpo_entropy_mean", w, w),
         "grpo:entropy_normalized:avg_w": avg("grpo_entropy_normalized", w),
@@ -216,8 +218,10 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:completion_length:mean_w": length_mean(),
         "grpo:completion_length:mean_w_prev": length_mean(w),
         # Each rank's busy time per step (its step time minus its wait in collectives), for stragglers.
-        "grpo:rank_busy_seconds:avg_w": (f"avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_step_time_seconds')}[{w}]))\n"
-                                         f"- avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_collective_wait_seconds')}[{w}]))"),
+        "grpo:rank_busy_seconds:avg_w": (
+            f"avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_step_time_seconds')}[{w}]))\n"
+            f"- avg {_by(p, 'rank')} (avg_over_time({series(p, 'grpo_rank_collective_wait_seconds')}[{w}]))"
+        ),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
 
@@ -244,27 +248,33 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
         "adv_mean_drift": (
             f"max {_by(p)} (abs({series(p, 'grpo_advantage_mean')})) > {_num(t.adv_mean_tol)}",
             "advantage mean {{ $value }} != 0: an implementation bug",
-            f"Per-sequence advantages must average to 0 within each group (tolerance {_num(t.adv_mean_tol)}); the last step's mean is {{{{ $value }}}}."),
+            "Per-sequence advantages must average to 0 within each group (tolerance "
+            f"{_num(t.adv_mean_tol)}); the last step's mean is {{{{ $value }}}}.",
+        ),
         "nonfinite": (
             f"round(sum {_by(p)} (increase({skipped}[{w}]))) > 0",
             "{{ $value }} update(s) skipped for NaN/Inf in the last " + w,
             f"Updates skipped because the loss or gradients were not finite: {{{{ $value }}}} in {w}; "
-            f"{t.nonfinite_run} or more is critical."),
+            f"{t.nonfinite_run} or more is critical.",
+        ),
         "reward_saturated": (
             f"grpo:train_accuracy:avg_w >= {_num(t.saturated)} and {_aged(p, 1)}",
             "correctness {{ $value | humanizePercentage }} over " + w + ": nothing left to learn",
             f"The verifier accepts {{{{ $value | humanizePercentage }}}} of completions over {w} "
-            f"(threshold {_num(t.saturated)}); groups are all-correct and carry no signal."),
+            f"(threshold {_num(t.saturated)}); groups are all-correct and carry no signal.",
+        ),
         "signal_vanished": (
             f"grpo:frac_zero_std:avg_w >= {_num(t.zero_signal)} and {_aged(p, 1)}",
             "{{ $value | humanizePercentage }} of groups carry no learning signal",
             f"frac_zero_std averaged over {w} is {{{{ $value }}}} (threshold {_num(t.zero_signal)}); the all_correct / "
-            "all_wrong split on the dashboard says whether the prompts are too easy or too hard."),
+            "all_wrong split on the dashboard says whether the prompts are too easy or too hard.",
+        ),
         "plateau_kl_flat": (
             f"grpo:kl_mean:avg_w < {_num(t.kl_flat)} and {flat} and {_aged(p, 2)}",
             "KL {{ $value }} (~0) and reward flat: the policy is not moving",
             f"Mean KL over {w} is {{{{ $value }}}} (below {_num(t.kl_flat)}) and the reward changed by less than "
-            f"{_num(t.reward_drop * p.max_reward)} over {duration(2 * p.window)}."),
+            f"{_num(t.reward_drop * p.max_reward)} over {duration(2 * p.window)}.",
+        ),
         "plateau_grader_loose": (
             f"(\n  grpo:reward_over_accuracy:avg_2w >= {_num(t.loose_gap)}\n"
             f"  and grpo:reward_mean:avg_2w / {_num(p.max_reward)} >= {_num(t.loose_reward)}\n"
@@ -272,35 +282,41 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"unless grpo:kl_mean:avg_w < {_num(t.kl_flat)}",  # KL ~ 0 is plateau_kl_flat; an absent KL (beta = 0) does not block
             "reward {{ $value | humanizePercentage }} above what the verifier accepts, and flat",
             f"Over {duration(2 * p.window)} the reward (as a fraction of {_num(p.max_reward)}) exceeds the strict "
-            "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat."),
+            "verifier's acceptance of the same completions by {{ $value | humanizePercentage }}, while the reward is flat.",
+        ),
         "plateau_small_group": (
             f"grpo:frac_zero_std:avg_w >= {_num(t.small_group_zero)}\n"
             f"and max {_by(p)} ({series(p, 'grpo_group_size')}) <= {t.small_group}\nand {flat}\nand {_aged(p, 2)}",
             "G <= " + str(t.small_group) + ": reward flat, {{ $value | humanizePercentage }} of groups without signal",
             f"Completions per group <= {t.small_group}, {{{{ $value | humanizePercentage }}}} of groups without signal "
-            "and the reward flat: group statistics are too noisy to learn from."),
+            "and the reward flat: group statistics are too noisy to learn from.",
+        ),
         "kl_runaway": (
             f"grpo:kl_mean:avg_w > {_num(t.kl_bound)}\nand grpo:kl_mean:avg_w > {_num(t.kl_growth)} * grpo:kl_mean:avg_w_prev5\n"
             f"and grpo:reward_mean:avg_w < grpo:reward_mean:avg_w_prev\nand {_aged(p, 2)}",
             "KL {{ $value }} per token while reward falls",
             f"Mean k3 KL over {w} is {{{{ $value }}}} (bound {_num(t.kl_bound)}), more than {_num(t.kl_growth)}x its "
-            f"value {duration(5 * p.window)} earlier, and the reward's {w} mean is below the previous window's."),
+            f"value {duration(5 * p.window)} earlier, and the reward's {w} mean is below the previous window's.",
+        ),
         "kl_dominant": (
             f"grpo:kl_mean:avg_w > {_num(t.kl_dominant_min)}\nand grpo:kl_mean:avg_w > 2 * grpo:kl_mean:avg_w_prev2\n"
             f"and grpo:kl_mean:avg_w > grpo:kl_mean:avg_w_prev\nand grpo:frac_zero_std:avg_w >= {_num(t.kl_dominant_zero)}\n"
             f"and {_aged(p, 2)}",
             "KL rising to {{ $value }} with no reward signal left",
             f"Mean KL over {w} is {{{{ $value }}}}, more than twice its value {duration(2 * p.window)} ago, while at least "
-            f"{_num(t.kl_dominant_zero)} of groups carry no reward signal: the KL term is the only gradient."),
+            f"{_num(t.kl_dominant_zero)} of groups carry no reward signal: the KL term is the only gradient.",
+        ),
         "kl_acceleration": (
             f"grpo:kl_mean:avg_w >= {_num(t.kl_accel_min)}\n"
             f"and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > {_num(KL_ACCEL_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
-            f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
-            f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel ** 2))} * grpo:kl_mean:se_w\n"
+            f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * "
+            "(grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
+            f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel**2))} * grpo:kl_mean:se_w\n"
             f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 3)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
-            f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway."),
+            f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway.",
+        ),
         "kl_only_learning": (
             "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
@@ -309,7 +325,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and grpo:steps:seen_2w >= {2 * MIN_STEPS}\nand {flat}\nand {_aged(p, 4)}",
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "
-            "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL."),
+            "earlier, well beyond its noise, while the reward is flat: the optimiser is only shrinking KL.",
+        ),
         "entropy_collapse": (
             f"grpo:entropy_mean:avg_w < {_num(t.entropy_collapse)} * grpo:entropy:baseline\n"
             "and grpo:entropy_mean:avg_w <= grpo:entropy_mean:avg_w_prev\n"
@@ -317,7 +334,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and {_aged(p, 2)}",
             "entropy {{ $value }} nats, far below its early level, and reward flat",
             f"Mean entropy over {w} is {{{{ $value }}}} nats, below {_num(t.entropy_collapse)}x the run's early "
-            "baseline and not rising, while the reward is flat: exploration is lost."),
+            "baseline and not rising, while the reward is flat: exploration is lost.",
+        ),
         "entropy_blowup": (
             f"grpo:entropy_normalized:avg_w >= {_num(t.entropy_blowup_lnv)} and {_aged(p, 2)}\n"
             f"or grpo:entropy_normalized:avg_w and (\n"
@@ -327,7 +345,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "entropy {{ $value | humanizePercentage }} of ln V: generation turning random",
             f"Mean entropy over {w} is {{{{ $value | humanizePercentage }}}} of ln V: at least "
             f"{_num(t.entropy_blowup_lnv)}, or more than {_num(t.entropy_blowup_baseline)}x the run's early baseline "
-            "while the reward falls."),
+            "while the reward falls.",
+        ),
         "exploration": (
             f"grpo:entropy_mean:avg_w > {_num(t.exploration_rise)} * grpo:entropy:baseline\n"
             "and grpo:entropy_mean:avg_w > grpo:entropy_mean:avg_w_prev\n"
@@ -335,17 +354,20 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and grpo:frac_zero_std:avg_w < {_num(t.exploration_signal)}\nand {_aged(p, 2)}",
             "entropy rising to {{ $value }} nats while reward rises: healthy exploration",
             f"Mean entropy over {w} is {{{{ $value }}}} nats, above {_num(t.exploration_rise)}x its early baseline "
-            "and rising, while the reward rises and groups still carry signal. Nothing to do."),
+            "and rising, while the reward rises and groups still carry signal. Nothing to do.",
+        ),
         "length_capped": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation_capped)} and {_aged(p, 1)}",
             "{{ $value | humanizePercentage }} of completions cut at max_new_tokens",
             f"The truncation rate over {w} is {{{{ $value | humanizePercentage }}}} (threshold {_num(t.truncation_capped)}): "
-            "almost no completion ends, cut answers are not graded, and the gradient heads to 0."),
+            "almost no completion ends, cut answers are not graded, and the gradient heads to 0.",
+        ),
         "repetition": (
             f"grpo:repetition_rate:avg_w >= {_num(t.repetition)} and {_aged(p, 1)}",
             "{{ $value | humanizePercentage }} of the completions' 4-grams repeat: degenerate loops",
             f"The completions' mean seq-rep-4 over {w} is {{{{ $value | humanizePercentage }}}} (threshold "
-            f"{_num(t.repetition)}): a share of each completion's word 4-grams that repeat an earlier one far above prose."),
+            f"{_num(t.repetition)}): a share of each completion's word 4-grams that repeat an earlier one far above prose.",
+        ),
         "length_pathology": (
             f"grpo:truncation_rate:avg_w >= {_num(t.truncation)} and {_aged(p, 1)}\nor max without (correct) (\n"
             f'  grpo:completion_length:mean_w{{correct="false"}}\n'
@@ -355,7 +377,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "completions pinned at max_new_tokens, or wrong answers growing longer",
             f"Truncation rate over {w} at or above {_num(t.truncation)}, or wrong completions more than "
             f"{_num(t.wrong_longer)}x as long as right ones and growing (value {{{{ $value }}}}: the truncation rate, "
-            "or the wrong completions' mean length in tokens)."),
+            "or the wrong completions' mean length in tokens).",
+        ),
     }
 
 
@@ -401,7 +424,8 @@ def health_rules(p: RuleParams) -> list[dict]:
             rule["for"] = duration(p.pending)  # events page at once; window means must hold
         severity = row.severity
         if row.id == "nonfinite":  # a single skipped step is a warning; a run of them is critical
-            severity = f"{{{{ if ge $value {_num(p.thresholds.nonfinite_run - 0.5)} }}}}critical{{{{ else }}}}warning{{{{ end }}}}"
+            at = _num(p.thresholds.nonfinite_run - 0.5)
+            severity = f"{{{{ if ge $value {at} }}}}critical{{{{ else }}}}warning{{{{ end }}}}"
         rule["labels"] = {"severity": severity, "condition": row.id}
         rule["annotations"] = {
             "summary": "{{ $labels.instance }}: " + summary,

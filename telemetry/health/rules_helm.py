@@ -98,8 +98,9 @@ class Setting:
 
 
 # Not chart settings: grafana is the chart's grafanaUrl; group_by and selector stay the generator's (job,
-# instance, run_id and no selector: the chart's ServiceMonitor scrapes only this release's pods); langfuse is a second setting the generator branches
-# on, which this emitter does not combine with grafana (render `grpo-sentinel rules --set langfuse=...`).
+# instance, run_id and no selector: the chart's ServiceMonitor scrapes only this release's pods); langfuse is
+# a second setting the generator branches on, which this emitter does not combine with grafana (render
+# `grpo-sentinel rules --set langfuse=...`).
 NOT_SETTABLE = ("thresholds", "grafana", "group_by", "selector", "langfuse")
 # Thresholds a rule computes with beyond + - * (kl_acceleration takes a square root; sprig has none):
 # fixed at the generator's default in the chart.
@@ -125,7 +126,9 @@ def _bindings() -> str:
         got = f'dig "{name}" {_go(default)} $s'
         if name in DURATIONS:
             positive = "false" if name == "pending" else "true"  # as with_settings: only `for:` may be 0
-            lines.append(f'{{{{- ${name} := include "grpo-sentinel.rules.seconds" (list "{name}" ({got}) {positive}) | int64 }}}}')
+            lines.append(
+                f'{{{{- ${name} := include "grpo-sentinel.rules.seconds" (list "{name}" ({got}) {positive}) | int64 }}}}'
+            )
         else:
             conv = {int: "int64", float: "float64", str: "toString"}[type(default)]
             lines.append(f"{{{{- ${name} := {got} | {conv} }}}}")
