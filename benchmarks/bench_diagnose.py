@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
+from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
 from grpo_sentinel.telemetry.health.runlog import RunLog
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.schema import RunInfo, Scales
 
 

@@ -2,7 +2,7 @@
 many false pages a healthy run gets.
 
 Damage, as a user sees it: the first evaluation point where held-out accuracy sits 10 % (relative)
-below its running peak (detectors.damage_step). Lead = damage step - first critical verdict
+below its running peak (health/lead.py damage_step). Lead = damage step - first critical verdict
 (positive: paged before the damage); the warning lead likewise for the first warning. Three sources:
 
 - fixtures: the two real book runs (tests/fixtures/book-runs, MATH-500, n = 500);
@@ -37,9 +37,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]  # benchmarks.bench_lead_time (the reward below) and tests/zoo.py
 
-from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, damage_step, diagnose, lead_time  # noqa: E402
+from grpo_sentinel.telemetry.health.detectors import diagnose  # noqa: E402
 from grpo_sentinel.telemetry.health.ingest import load  # noqa: E402
+from grpo_sentinel.telemetry.health.lead import damage_step, lead_time  # noqa: E402
 from grpo_sentinel.telemetry.health.table import BY_ID  # noqa: E402
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window  # noqa: E402
 
 BOOK = REPO / "tests" / "fixtures" / "book-runs"
 

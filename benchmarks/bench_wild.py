@@ -31,8 +31,9 @@ from pathlib import Path
 
 import yaml
 
-from grpo_sentinel.telemetry.health.detectors import Thresholds, auto_window, diagnose, unjudgeable
+from grpo_sentinel.telemetry.health.detectors import diagnose, unjudgeable
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window
 
 CORPUS = Path(__file__).parent / "wild"
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ class Scales:
     group_size: Annotated[int, Field(ge=1)] | None = None  # G, completions per prompt (None: not known)
     # New prompts per optimizer step (TRL: completions per step / G, which need not be whole).
     prompts_per_step: Annotated[float, Field(gt=0)] | None = None
-    window: Annotated[int, Field(ge=2)] | None = None  # the detectors' window in record rows (health.detectors.detector_window)
+    window: Annotated[int, Field(ge=2)] | None = None  # the detectors' window in record rows (health.thresholds.detector_window)
     reward_weights: dict[str, float] = field(default_factory=dict)  # reward function -> weight, in the record's order
 
 

@@ -15,7 +15,7 @@ A `RunSession` owns
   `events.jsonl`.
 
 The rules both trainers follow are here once: the largest reward (`max_reward`), the detectors' window
-(health.detectors.detector_window), and `run_scales`, which applies them. The run id's rule is runfiles.run_ids.
+(health.thresholds.detector_window), and `run_scales`, which applies them. The run id's rule is runfiles.run_ids.
 
 The trainer keeps the model, the step, checkpoints and ranks; the callback keeps the mapping of TRL's
 logs. A sink's failure goes through `guard`: ours raises on a full disk (the run ends, its newest
@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Protocol
 from grpo_sentinel.telemetry import runfiles
 from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
-from grpo_sentinel.telemetry.health.detectors import Thresholds, detector_window
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor, Verdict
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
 from grpo_sentinel.telemetry.record import RunRecord
 from grpo_sentinel.telemetry.schema import Eval, RunInfo, Scales, StepStats
 from grpo_sentinel.telemetry.settings import HealthSettings

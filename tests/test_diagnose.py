@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import diagnose, lead_time
+from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
+from grpo_sentinel.telemetry.health.lead import lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.schema import RunInfo

@@ -35,7 +35,7 @@ from test_rules_agreement import STEP_S, promtool_case
 import zoo
 from grpo_sentinel.telemetry.health import rules as rulegen
 from grpo_sentinel.telemetry.health import rules_grafana as rg
-from grpo_sentinel.telemetry.health.detectors import Thresholds
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from helpers import REPO, cli
 
 FOLDER = REPO / "deploy" / "grafana"

@@ -259,8 +259,8 @@ def test_console_logs_of_trl_verl_and_step_printing_loops(tmp_path):
 
 
 def test_nothing_judged_says_could_not_judge(tmp_path):
-    from grpo_sentinel.telemetry.health.detectors import Thresholds
     from grpo_sentinel.telemetry.health.report import to_text
+    from grpo_sentinel.telemetry.health.thresholds import Thresholds
 
     n = 60
     csv_log(tmp_path / "a.csv", {"step": np.arange(1, n + 1.0), "loss": np.full(n, 0.1)})  # no reward

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose, lookback
+from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
 from grpo_sentinel.telemetry.health.runlog import RunLog
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, lookback
 from grpo_sentinel.telemetry.schema import RunInfo, Scales
 
 pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)

@@ -16,10 +16,11 @@ import pytest
 import yaml
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import Thresholds, diagnose
+from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.rules import TRAINER_SIDE, RuleParams, alert_name, render
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 
 STEP_S = 15
 COMPLETIONS = zoo.P * zoo.G  # per step, every scenario

@@ -6,7 +6,7 @@ import json
 import math
 
 from grpo_sentinel.telemetry import runfiles
-from grpo_sentinel.telemetry.health.detectors import detector_window
+from grpo_sentinel.telemetry.health.thresholds import detector_window
 from grpo_sentinel.telemetry.schema import Eval, RunInfo, StepStats
 from grpo_sentinel.telemetry.session import RunSession, max_reward, run_scales
 from grpo_sentinel.telemetry.settings import HealthSettings

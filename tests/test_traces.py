@@ -496,9 +496,10 @@ def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir
 
 
 def test_diagnose_links_each_condition_to_the_generations_behind_it(monkeypatch):
-    from grpo_sentinel.telemetry.health.detectors import Condition, Diagnosis, Thresholds
+    from grpo_sentinel.telemetry.health.detectors import Condition, Diagnosis
     from grpo_sentinel.telemetry.health.report import to_text, with_generations
     from grpo_sentinel.telemetry.health.runlog import RunLog
+    from grpo_sentinel.telemetry.health.thresholds import Thresholds
 
     log = RunLog({"step": np.arange(1.0, 13)}, "r/steps.csv", "sentinel", traces={5: "ab" * 16, 9: "cd" * 16},
                  trace_project="p1")

@@ -226,9 +226,10 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
              response_class=PlainTextResponse)
     def report(run_id: str) -> Response:
         """The `grpo-sentinel diagnose` markdown report of the run so far."""
-        from grpo_sentinel.telemetry.health.detectors import Thresholds, detector_window, diagnose
+        from grpo_sentinel.telemetry.health.detectors import diagnose
         from grpo_sentinel.telemetry.health.ingest import load
         from grpo_sentinel.telemetry.health.report import to_markdown, with_generations
+        from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
 
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():

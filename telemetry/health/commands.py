@@ -60,9 +60,10 @@ def diagnose_command(args) -> int:
         except ImportError:
             return _fail("--plot needs matplotlib: .venv/bin/pip install -e '.[plot]'")
 
-    from grpo_sentinel.telemetry.health.detectors import Thresholds, detector_window, diagnose
+    from grpo_sentinel.telemetry.health.detectors import diagnose
     from grpo_sentinel.telemetry.health.ingest import IngestError, load
     from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text, with_generations
+    from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
 
     try:
         log = load(args.path, args.format)

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.detectors import Condition, Thresholds, diagnose, lookback
+from grpo_sentinel.telemetry.health.detectors import Condition, diagnose
 from grpo_sentinel.telemetry.health.runlog import CORRECTNESS, RunLog
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, lookback
 from grpo_sentinel.telemetry.schema import RunInfo, StepStats
 
 log = logging.getLogger(__name__)

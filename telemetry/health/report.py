@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_sentinel.telemetry.health.detectors import Diagnosis, Lead, Thresholds, lead_time, unjudgeable
+from grpo_sentinel.telemetry.health.detectors import Diagnosis, unjudgeable
+from grpo_sentinel.telemetry.health.lead import Lead, lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.links import links
 from grpo_sentinel.telemetry.stats import moving_average, summarize, windowed_sd
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import ESCALATING, KL_ACCEL_Z, MIN_STEPS, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, KL_ACCEL_Z, MIN_STEPS
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, threshold_error
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
 TRAINER_SIDE = {

@@ -1,0 +1,123 @@
+"""The detectors' thresholds and windows: every number a health row compares against, with why that
+value, the domain each may be set in (`grpo-sentinel rules --set`, health.thresholds in a config), and
+the window rules (`auto_window`: ~400 completions a window; `detector_window`: the configured one first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    window: int = 20  # steps; the trailing window of every smoothed signal
+    early_windows: int = 2  # the run's early statistics come from its first early_windows windows (>= 10 steps)
+    adv_mean_tol: float = 1e-3  # float32 rounding is ~1e-7; a real bug is >> 1e-3
+    nonfinite_run: int = 3  # consecutive non-finite steps that make it critical
+    saturated: float = 0.95  # correctness reward / its maximum, window mean
+    zero_signal: float = 0.9  # frac_zero_std, window mean
+    loss_spike_factor: float = 100.0  # |loss| vs the median |loss| of the `loss_window` steps before (see loss_spike)
+    loss_window: int = 50  # steps of a loss reference block (the loss rows compare with earlier blocks)
+    acc_decline_rate: float = 1e-5  # false held-out declines a step (as loss_blowup_arl): sets the SEs a decline needs
+    acc_lookback: int = 10  # eval points the peak is taken over (the max of ever more points drifts up)
+    acc_noise_floor: float = 0.03  # smallest accuracy decline that counts, whatever n is
+    acc_unknown_n_floor: float = 0.05  # ... when the eval set size is unknown
+    reward_drop: float = 0.05  # a reward decline that counts, as a fraction of max reward
+    entropy_collapse: float = 0.3  # window entropy below this fraction of the early baseline
+    entropy_blowup_lnv: float = 0.8  # window entropy above this fraction of ln V
+    entropy_blowup_baseline: float = 3.0  # ... or this multiple of the baseline while reward falls
+    entropy_blowup_rise_lnv: float = 0.1  # ... and at least this fraction of ln V above it (1 nat if V is unknown)
+    exploration_rise: float = 1.5  # entropy this multiple of its baseline, rising with the reward
+    exploration_signal: float = 0.5  # ... while fewer groups than this are without signal
+    kl_bound: float = 1.0  # per-token k3 KL, window mean
+    kl_flat: float = 1e-3  # "KL ~ 0"
+    kl_dominant_min: float = 0.05
+    kl_dominant_zero: float = 0.95  # frac_zero_std at which no group is left to learn from
+    small_group: int = 4  # G at or below which group statistics are too noisy
+    small_group_zero: float = 0.4  # frac_zero_std that counts as high for G <= 4 (p^4 + (1-p)^4 >= 1/8 always)
+    loose_gap: float = 0.3  # reward (as a fraction of max) above held-out accuracy
+    loose_reward: float = 0.7  # reward (as a fraction of max) that counts as high
+    truncation: float = 0.5  # window truncation rate
+    wrong_longer: float = 1.5  # wrong answers this much longer than right ones
+    # Leading indicators (sequential tests).
+    cusum_h: float = 8.0  # CUSUM threshold in noise sds: ARL0 >= ~19,000 steps (Siegmund, k >= 0.5)
+    loss_blowup_factor: float = 10.0  # an exceedance: |loss| above this multiple of its early median (an order of magnitude)
+    loss_blowup_share: float = 0.5  # the share of updates beyond the early range the test is built to detect
+    loss_blowup_arl: float = 1e5  # updates between false alarms at worst (Wald: h = ln ARL0)
+    entropy_drift: float = 0.25  # entropy rise above its early baseline worth a warning, as a fraction of it
+    length_drift: float = 0.5  # mean length rising this fraction of the way from its early level to the cap
+    correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
+    correctness_lookback: int = 10  # 2w-windows the training correctness peak is taken over (an all-time max drifts up)
+    all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
+    kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
+    kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
+    kl_growth: float = 2.0  # kl_runaway needs the KL this multiple of the run's own early KL: a KL that starts high
+    # (an SFT start measured against the base model) and stays there is kl_offset
+    no_progress_windows: int = 10  # windows of history before "the reward never rose" is judged (see no_progress)
+    no_progress_z: float = 3.0  # the rise that counts, in standard errors of a difference of two window means
+    grad_spike: float = 10.0  # gradient norm this multiple of the median of the previous `loss_window` steps
+    clip_imbalance: float = 4.0  # one side of the ratio clip active this multiple of the other's
+    clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
+    truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
+    escalate_windows: int = 1  # a drift row's warning held this many windows, getting worse: critical (_escalate)
+    repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
+
+
+# The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
+# outside it makes a rule that never or always fires.
+_FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
+             "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
+             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
+             "clip_imbalance_min", "truncation_capped", "repetition", "acc_decline_rate")
+_ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
+              "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
+_COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
+           "correctness_lookback": 1, "no_progress_windows": 2,
+           "escalate_windows": 1}
+
+
+def threshold_error(name: str, value: float) -> str | None:
+    """Why `value` is outside `name`'s domain, or None."""
+    if not math.isfinite(value):
+        return f"{name} must be a finite number"
+    if name in _COUNTS and value < _COUNTS[name]:
+        return f"{name} must be a whole number >= {_COUNTS[name]}"
+    if name in _FRACTION and not 0 < value <= 1:
+        return f"{name} is a fraction of its scale: give a number in (0, 1]"
+    if name in _ABOVE_ONE and value <= 1:
+        return f"{name} is a multiple: give a number > 1"
+    if value <= 0:
+        return f"{name} must be > 0"
+    return None
+
+
+def validate(th: Thresholds) -> list[str]:
+    return [e for f in fields(th) if (e := threshold_error(f.name, float(getattr(th, f.name))))]
+
+
+WINDOW_COMPLETIONS = 400  # a window mean of 0/1 rewards over 400 samples has SE <= 0.025
+
+
+def auto_window(completions_per_step: int | None, default: int = 20) -> int:
+    """Steps per detector window: enough completions for a stable mean (~400), within 5..100 steps.
+    64 completions a step (the demo) -> 7 steps; one prompt x G=8 (the book runs) -> 50."""
+    if not completions_per_step:
+        return default
+    return int(min(100, max(5, math.ceil(WINDOW_COMPLETIONS / completions_per_step))))
+
+
+def detector_window(configured: int | None, completions_per_row: float | None) -> int:
+    """The detectors' window in record rows: the configured one, else ~400 completions' worth
+    (auto_window; 20 rows when the completions per row are unknown)."""
+    return configured or auto_window(round(completions_per_row) if completions_per_row else None)
+
+
+def early_steps(th: Thresholds) -> int:
+    """Rows the early statistics are taken from: the first `early_windows` windows, at least 10."""
+    return max(th.early_windows * th.window, 10)
+
+
+def lookback(th: Thresholds) -> int:
+    """Rows before a step that any detector reads (the online monitor keeps this many, and the early rows)."""
+    return max(6 * th.window, 3 * th.loss_window, early_steps(th)) + 2  # loss_blowup's reference: 2-3 blocks back
