@@ -41,7 +41,7 @@ from grpo_sentinel.telemetry.health.detectors import diagnose  # noqa: E402
 from grpo_sentinel.telemetry.health.ingest import load  # noqa: E402
 from grpo_sentinel.telemetry.health.lead import damage_step, lead_time  # noqa: E402
 from grpo_sentinel.telemetry.health.table import BY_ID  # noqa: E402
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window  # noqa: E402
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window, detector_window  # noqa: E402
 
 BOOK = REPO / "tests" / "fixtures" / "book-runs"
 
@@ -235,7 +235,7 @@ def score(run_dir: Path, name: str, seed: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     seen = summary["health_conditions"]  # the online monitor's verdicts: condition -> first step
     log = load(run_dir)
-    window = log.window or auto_window(log.completions_per_step)
+    window = detector_window(log.window, log.completions_per_step)
     diag = diagnose(log, Thresholds(window=window))
     offline = {c.id for c in diag.conditions}
     first = {

@@ -33,7 +33,7 @@ import yaml
 
 from grpo_sentinel.telemetry.health.detectors import diagnose, unjudgeable
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window
+from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
 
 CORPUS = Path(__file__).parent / "wild"
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def run_one(folder: Path, logs: Path = LOGS) -> Result:
     except IngestError as e:
         r.refused = str(e)
         return r
-    th = Thresholds(window=log.window or auto_window(log.completions_per_step))
+    th = Thresholds(window=detector_window(log.window, log.completions_per_step))
     diag = diagnose(log, th)
     r.read, r.ignored, r.notes = len(log.read), len(log.ignored), log.notes
     r.derived = sum(n.startswith("derived:") for n in log.notes)

@@ -324,13 +324,10 @@ def test_traces_of_trls_completions_reach_langfuse_linked_from_the_record(tmp_pa
     record names the traces the server received."""
     from langfuse_server import FakeLangfuse
 
-    # Keys of its own: the Langfuse SDK keeps one client per public key and process, with the host it was
-    # first made with (tests/test_traces.py's in-process clients use pk-lf-test).
     server = FakeLangfuse("pk-lf-trl", "sk-lf-trl")
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", "pk-lf-trl")
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "sk-lf-trl")
     monkeypatch.setenv("LANGFUSE_BASE_URL", server.url)
-    monkeypatch.setenv("LANGFUSE_FLUSH_INTERVAL", "0.2")
     try:
         cb = SentinelCallback(out_dir=tmp_path / "runs", run_id="traced", telemetry={"prometheus": False},
                               traces={"train_every": 2})
