@@ -171,7 +171,10 @@ def test_two_processes_make_one_run_and_one_metrics_endpoint(tmp_path, prometheu
                         str(demo_dir), str(tmp_path / "out"), str(tmp_path / "runs"), str(target)],
                        capture_output=True, text=True, timeout=400, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in p.stdout.splitlines() if line.startswith('{"rank"')), key=lambda r: r["rank"])
+    # Each rank prints one JSON line; the two share a pipe, so another print (TRL's summary dict) may follow
+    # on the same line: read the first JSON object of each.
+    decode = json.JSONDecoder().raw_decode
+    ranks = sorted((decode(line)[0] for line in p.stdout.splitlines() if line.startswith('{"rank"')), key=lambda r: r["rank"])
     assert [(r["rank"], r["metrics_port"], r["step"]) for r in ranks] == [(0, target, 3), (1, None, 3)]
     assert [d.name for d in (tmp_path / "runs").iterdir()] == ["two"]
     assert [r["step"] for r in records(tmp_path / "runs" / "two" / "steps.csv")] == ["1", "2", "3"]
