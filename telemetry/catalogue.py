@@ -90,16 +90,23 @@ def _accuracy(s: StepStats) -> Points:
     return [] if s.eval is None else [(s.eval.sample_acc, {"mode": "sampled"}), (s.eval.greedy_acc, {"mode": "greedy"})]
 
 
+def _severity(s: StepStats, cid: str) -> str:
+    """The severity a condition of the step is at: its stage, for a row with more than one (Row.stages)."""
+    return "critical" if cid in s.health_critical else BY_ID[cid].severities[0]
+
+
 def _health(s: StepStats) -> Points:
-    return [(float(r.id in s.health), {"condition": r.id, "severity": r.severity}) for r in TABLE]
+    # One series per row and severity: an escalated drift row moves from its warning series to its critical one.
+    return [(float(r.id in s.health and _severity(s, r.id) == sev), {"condition": r.id, "severity": sev})
+            for r in TABLE for sev in r.severities]
 
 
 def _health_new(s: StepStats) -> Points:
-    return [(1.0, {"condition": c, "severity": BY_ID[c].severity}) for c in s.health_new]
+    return [(1.0, {"condition": c, "severity": _severity(s, c)}) for c in s.health_new]
 
 
 def _health_rows() -> tuple[dict[str, str], ...]:
-    return tuple({"condition": r.id, "severity": r.severity} for r in TABLE)
+    return tuple({"condition": r.id, "severity": sev} for r in TABLE for sev in r.severities)
 
 
 def _skipped(s: StepStats) -> Points:

@@ -148,6 +148,7 @@ class StepStats:
     eval: Eval | None = None  # set on sampling steps
     health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)
     health_new: tuple[str, ...] = ()  # ... of which these began an episode at this step
+    health_critical: tuple[str, ...] = ()  # ... of which these are at critical severity now (Row.stages)
     entropy_baseline: float = math.nan  # the monitor's early-entropy baseline (NaN until known)
     traces: tuple[TraceRef, ...] = ()  # the generations of this step sent to Langfuse (telemetry/traces.py)
     ranks: tuple[RankStats, ...] = ()  # each training process's share (one entry per rank)
@@ -168,8 +169,8 @@ class StepStats:
     @classmethod
     def scalar_fields(cls) -> list[str]:
         """The per-step scalars of the run record (the monitor's outputs and the nested parts are not)."""
-        nested = ("reward_components", "eval", "samples", "health", "health_new", "entropy_baseline", "traces", "ranks",
-                  "unmeasured")
+        nested = ("reward_components", "eval", "samples", "health", "health_new", "health_critical", "entropy_baseline",
+                  "traces", "ranks", "unmeasured")
         return [f.name for f in fields(cls) if f.name not in nested]
 
     def row(self) -> dict[str, float | int | str]:

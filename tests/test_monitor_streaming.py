@@ -11,7 +11,7 @@ from grpo_sentinel.telemetry.health.detectors import diagnose
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.thresholds import Thresholds, lookback
-from grpo_sentinel.telemetry.schema import RunInfo, Scales
+from grpo_sentinel.telemetry.schema import RunInfo, Scales, StepStats
 
 pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
 
@@ -87,3 +87,20 @@ def test_per_step_state_does_not_grow_with_the_run():
             sizes.append((len(m._rows["step"]), sum(np.size(v) if not isinstance(v, dict) else sum(map(np.size, v.values()))
                                                     for v in m._state.values())))
     assert sizes[0] == sizes[1] and sizes[0][0] == lookback(m.thresholds), sizes
+
+
+def test_the_stamped_record_says_which_conditions_are_critical_now():
+    """An escalated drift row is critical from the step it escalates: the record every sink reads
+    (StepStats.health_critical, exported as the condition's severity) says so at exactly the steps
+    where `diagnose` has it critical."""
+    log = zoo.make(zoo.kl_acceleration, 0)
+    critical = [c for c in diagnose(log).conditions if c.id == "kl_acceleration" and c.severity == "critical"]
+    assert critical, "the scenario escalates"
+    first, last = critical[0].first_step, critical[-1].last_step
+    m = monitor_for(log)
+    stamped = {int(row["step"]): m.judge(row).stamp(StepStats.partial(int(row["step"]))) for row in rows(log)}
+    assert "kl_acceleration" in stamped[first].health_critical
+    assert "kl_acceleration" not in stamped[first - 1].health_critical  # a warning before it escalates
+    assert "kl_acceleration" in stamped[first - 1].health
+    assert all("kl_acceleration" in stamped[s].health_critical for s in range(first, last + 1)
+               if any(c.first_step <= s <= c.last_step for c in critical))

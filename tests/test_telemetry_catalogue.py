@@ -110,3 +110,47 @@ def test_a_trainer_that_logs_only_means_exports_only_what_it_measured():
     unjudged = StepStats.partial(4, reward=0.5, samples=Samples(**{**x.__dict__, "unmeasured": frozenset({"kl", "correct"})}))
     by_name = {m.name: list(m.points(unjudged)) for m in catalogue.CATALOGUE}
     assert by_name["grpo.kl"] == [] and {a["correct"] for _, a in by_name["grpo.completion.length"]} == {"unknown"}
+
+
+def test_a_condition_is_exported_at_the_severity_it_is_at_now():
+    """A drift row's warning escalates to critical (detectors._escalate), nonfinite is a warning before it is
+    critical: the gauge moves the condition from its warning series to its critical one, so the dashboard's
+    count of critical conditions (severity="critical") sees an escalated warning; the episode counter labels
+    an episode with the severity it began at."""
+    from dataclasses import replace
+
+    sink = OTelSink(("127.0.0.1", 0))
+    sink.start(RunInfo("golden", "demo", "grpo", Scales(max_reward=1.0, ln_vocab=float(np.log(15)), max_new_tokens=6)))
+
+    def condition_lines(**health) -> list[str]:
+        sink.on_step(replace(fixed_step(), **health))
+        sink.flush()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read().decode()
+        return [ln for ln in lines_of(text, "grpo_health_condition") + lines_of(text, "grpo_health_episodes_total")
+                if "length_drift" in ln or "nonfinite" in ln or 'condition="kl_runaway"' in ln]
+
+    try:
+        warning = condition_lines(health=("length_drift", "nonfinite"), health_new=("length_drift", "nonfinite"))
+        critical = condition_lines(health=("length_drift", "nonfinite", "kl_runaway"), health_new=("kl_runaway",),
+                                   health_critical=("length_drift", "nonfinite", "kl_runaway"))
+        over = condition_lines()
+    finally:
+        sink.close()
+    gauge = 'grpo_health_condition{{condition="{}",severity="{}"}} {}'
+    episodes = 'grpo_health_episodes_total{{condition="{}",severity="{}"}} {}'
+    assert sorted(warning) == sorted([
+        gauge.format("length_drift", "warning", "1.0"), gauge.format("length_drift", "critical", "0.0"),
+        gauge.format("nonfinite", "warning", "1.0"), gauge.format("nonfinite", "critical", "0.0"),
+        gauge.format("kl_runaway", "critical", "0.0"),  # a row with one severity has one series
+        episodes.format("length_drift", "warning", "1.0"), episodes.format("length_drift", "critical", "0.0"),
+        episodes.format("nonfinite", "warning", "1.0"), episodes.format("nonfinite", "critical", "0.0"),
+        episodes.format("kl_runaway", "critical", "0.0")])
+    assert sorted(critical) == sorted([
+        gauge.format("length_drift", "warning", "0.0"), gauge.format("length_drift", "critical", "1.0"),
+        gauge.format("nonfinite", "warning", "0.0"), gauge.format("nonfinite", "critical", "1.0"),
+        gauge.format("kl_runaway", "critical", "1.0"),
+        # escalating is not a new episode: the counter keeps the one that began as a warning
+        episodes.format("length_drift", "warning", "1.0"), episodes.format("length_drift", "critical", "0.0"),
+        episodes.format("nonfinite", "warning", "1.0"), episodes.format("nonfinite", "critical", "0.0"),
+        episodes.format("kl_runaway", "critical", "1.0")])
+    assert [ln for ln in over if ln.startswith("grpo_health_condition") and ln.endswith(" 1.0")] == []

@@ -30,7 +30,7 @@ from statistics import NormalDist
 import numpy as np
 
 from grpo_sentinel.telemetry.health.runlog import RunLog
-from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
 from grpo_sentinel.telemetry.health.thresholds import Thresholds, early_steps
 from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 
@@ -532,7 +532,8 @@ def entropy_rows(c: _Ctx) -> None:
                         "while the reward is not rising", gap=w)
 
 
-ESCALATING = ("kl_acceleration", "length_drift", "correctness_drop")  # the warning rows with a critical stage (_escalate)
+# The warning rows with a critical stage (_escalate): the table says which (Row.stages).
+ESCALATING = tuple(r.id for r in TABLE if r.severity == "warning" and "critical" in r.severities)
 
 
 def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,

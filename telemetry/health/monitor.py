@@ -42,6 +42,7 @@ class Verdict:
     def stamp(self, stats: StepStats) -> StepStats:
         """The step's record with this verdict on it, as every sink then sees it (any trainer's)."""
         return replace(stats, health=tuple(c.id for c in self.active), health_new=tuple(c.id for c in self.new),
+                       health_critical=tuple(c.id for c in self.active if c.severity == "critical"),
                        entropy_baseline=self.entropy_baseline)
 
 

@@ -22,10 +22,19 @@ class Row:
     # the highest- and lowest-reward ones: "all-same" (a group whose rewards are all equal: no signal),
     # "longest" (the group of the step's longest completion).
     traced: tuple[str, ...] = ()
+    # The severities it is reported at, mildest first, when more than one: nonfinite is a warning until N
+    # updates in a row are skipped; a drift row's warning escalates to critical (detectors._escalate).
+    stages: tuple[str, ...] = ()
 
     def __post_init__(self):
         if unknown := set(self.traced) - set(TRACED):
             raise ValueError(f"row {self.id}: traced {sorted(unknown)}: the trace planner knows only {TRACED}")
+        if self.stages and self.severity not in self.stages:
+            raise ValueError(f"row {self.id}: its severity {self.severity!r} is not among its stages {self.stages}")
+
+    @property
+    def severities(self) -> tuple[str, ...]:
+        return self.stages or (self.severity,)
 
 
 TABLE: list[Row] = [
@@ -67,6 +76,7 @@ TABLE: list[Row] = [
         "skip the step; halt after N in a row",
         dont="lower the LR on one skipped step before looking at the step's samples: a reward function returning "
         "inf is a reward bug, not an optimiser problem",
+        stages=("warning", "critical"),
     ),
     Row(
         "plateau_kl_flat",
@@ -128,6 +138,7 @@ TABLE: list[Row] = [
         "lower the LR, raise beta or clip the update ratio before KL reaches its bound",
         dont="wait for kl_runaway: by then the policy is already off the reference; and do not read steady, linear KL "
         "growth as this (it is the healthy case)",
+        stages=("warning", "critical"),
     ),
     Row(
         "entropy_collapse",
@@ -215,6 +226,7 @@ TABLE: list[Row] = [
         "length bias or runaway generation starting: the early sign of length_pathology",
         "look at the longest recent completions; add an overlong penalty or a length-normalised loss",
         dont="raise max_new_tokens: the drift follows the cap",
+        stages=("warning", "critical"),
     ),
     Row(
         "correctness_drop",
@@ -225,6 +237,7 @@ TABLE: list[Row] = [
         "holds, learning that reward instead of the task",
         "open the recent generations; lower the LR if the reward falls too; make auxiliary rewards conditional on correctness",
         dont="wait for the held-out evaluation: it is sparse, and a decline or a hack shows on the training samples first",
+        stages=("warning", "critical"),
     ),
     Row(
         "all_wrong_rising",
