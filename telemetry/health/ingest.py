@@ -91,8 +91,9 @@ IGNORED = {
     "critic/advantages/mean": "verl's token-weighted advantage mean, not the per-sequence mean adv_mean reads",
     "actor/kl_coef": "a setting, not a signal", "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
 }
-# An evaluation column we did not name: held-out accuracy under another name (the first one wins).
-_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct)", re.I)
+# An evaluation column we did not name: held-out accuracy under another name (the first one wins). verl
+# (0.3+) names its held-out reward val-core/<data source>/reward/mean@1: with a rule reward, the accuracy.
+_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct|/reward/mean@1$)", re.I)
 # Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean; up to TRL 0.16 and in every Unsloth GRPO
 # notebook rewards/<fn>), the book style (<fn>_reward[_avg|_mean]), reward/<fn>.
 _COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$", r"^rewards/(?P<fn>[^/]+)$",
