@@ -577,12 +577,12 @@ def _stdout(path: Path) -> RunLog:
     pretty-prints its config and its validation summaries as dicts. verl prints a step's last
     validation on a line of its own with the same step number: it joins that step's row."""
     with path.open(encoding="utf-8", errors="replace") as f:
-        lines = [(line, _stdout_record(line)) for line in f]
+        lines = [(bool(line.strip()), _stdout_record(line)) for line in f]  # [(has text, record or None)]
     stepped = any(rec is not None and rec[0] != "trl" for _, rec in lines)
     records, printers, skipped, dicts, joined = [], set(), 0, 0, 0
-    for line, rec in lines:
+    for text, rec in lines:
         if rec is None:
-            skipped += bool(line.strip())
+            skipped += text
             continue
         printer, values = rec
         if printer == "trl":
