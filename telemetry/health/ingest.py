@@ -89,7 +89,8 @@ IGNORED = {
     # verl (trainer/ppo/metric_utils.py): the mean over response tokens, so a long completion weighs more. Under
     # GRPO it is not 0 when every group's advantages are (they are per sequence); adv_mean is the per-sequence mean.
     "critic/advantages/mean": "verl's token-weighted advantage mean, not the per-sequence mean adv_mean reads",
-    "actor/kl_coef": "a setting, not a signal", "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
+    "actor/kl_coef": "a setting, not a signal", "critic/kl_coeff": "a setting, not a signal",
+    "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
 }
 # An evaluation column we did not name: held-out accuracy under another name (the first one wins). verl
 # (0.3+) names its held-out reward val-core/<data source>/reward/mean@1: with a rule reward, the accuracy.
