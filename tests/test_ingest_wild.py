@@ -310,5 +310,5 @@ def test_the_real_corpus_agrees_with_its_authors():
     assert len(results) >= 17 and len(present) >= 2 and not [r.name for r in results if r.refused]
     assert not [r.name for r in results if r.expect == "healthy" and r.critical]
     assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
-    # 10 of 17 logs agree with their authors when all are fetched (the 5 verl logs added 4; the others are 'none')
+    # 10 of 17 logs agree with their authors when all are fetched (the 5 verl logs added 4; the fifth has no statement)
     assert sum(bool(r.agrees) for r in results) >= (10 if len(present) == len(results) else 1)
