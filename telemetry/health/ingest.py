@@ -51,7 +51,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "entropy": ("entropy", "entropy_avg", "entropy_mean", "actor/entropy", "actor/entropy_loss", "policy/entropy",
                 "train/entropy", "objective/entropy"),
     "entropy_norm": ("entropy_norm",),
-    "adv_mean": ("adv_mean", "adv_avg", "critic/advantages/mean", "advantages/mean"),
+    "adv_mean": ("adv_mean", "adv_avg", "advantages/mean"),  # not verl's critic/advantages/mean (IGNORED)
     "adv_std": ("adv_std", "advantages/std"),
     "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std", "advantage/zero_rate"),
     "frac_zero_std_correct": ("frac_zero_std_correct",),
@@ -86,10 +86,15 @@ IGNORED = {
     "ppo_kl": "old-vs-new policy KL of one update, not KL to the reference",
     "total_steps": "run length, not a per-step signal", "epoch": "not a per-step signal",
     "num_tokens": "cumulative token count", "policy_ratio": "no row reads the mean ratio (clip_frac does)",
-    "actor/kl_coef": "a setting, not a signal", "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
+    # verl (trainer/ppo/metric_utils.py): the mean over response tokens, so a long completion weighs more. Under
+    # GRPO it is not 0 when every group's advantages are (they are per sequence); adv_mean is the per-sequence mean.
+    "critic/advantages/mean": "verl's token-weighted advantage mean, not the per-sequence mean adv_mean reads",
+    "actor/kl_coef": "a setting, not a signal", "critic/kl_coeff": "a setting, not a signal",
+    "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
 }
-# An evaluation column we did not name: held-out accuracy under another name (the first one wins).
-_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct)", re.I)
+# An evaluation column we did not name: held-out accuracy under another name (the first one wins). verl
+# (0.3+) names its held-out reward val-core/<data source>/reward/mean@1: with a rule reward, the accuracy.
+_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct|/reward/mean@1$)", re.I)
 # Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean; up to TRL 0.16 and in every Unsloth GRPO
 # notebook rewards/<fn>), the book style (<fn>_reward[_avg|_mean]), reward/<fn>.
 _COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$", r"^rewards/(?P<fn>[^/]+)$",
@@ -166,9 +171,18 @@ def _sniff(path: Path) -> str:
         return "book"
     if names & set(ALIASES["step"]):
         return "csv"
+    if _printed_steps_further_in(path):
+        return "stdout"
     raise IngestError(f"{path}: unrecognised columns {header[:8]}; expected a step column (step, global_step, ...) "
                       "as in our steps.csv, the book format (step, reward_avg, ...), a TRL trainer_state.json or a "
                       "verl/OpenRLHF JSONL log")
+
+
+def _printed_steps_further_in(path: Path, lines: int = 5000) -> bool:
+    """A console log whose first step line comes after a long preamble: a verl run prints its launch
+    script and its config (hundreds of lines) before step 1."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return any(_STDOUT_LINE.search(line) for line, _ in zip(f, range(lines)))
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -533,9 +547,10 @@ def _jsonl(path: Path) -> RunLog:
 # A training's printed output, one step a line: TRL's printed log dicts ("{'loss': 0.0, 'reward': ...}",
 # numbers or, since TRL 0.20, numbers as strings), verl's console logger ("step:12 - actor/pg_loss:0.1 -
 # critic/score/mean:0.4") and "[Step 3/500] loss=0.1 reward_avg=0.25" (the book's scripts, and many
-# hand-written loops). Anything else on a line (progress bars, warnings) is skipped.
+# hand-written loops). Anything else on a line (progress bars, warnings) is skipped. verl since 0.4 prints
+# numpy scalars as their repr ("actor/pg_loss:np.float64(-0.0007)"): the number inside is the value.
 _STDOUT_LINE = re.compile(r"\{'[^']+': |\bstep:\s*\d+\s+-\s+\S+:|\[step\s+\d+(/\d+)?\]", re.I)
-_VERL_PAIR = re.compile(r"(?:^|\s-\s)([A-Za-z_][\w/@().-]*):\s*([-+\w.]+)")
+_VERL_PAIR = re.compile(r"(?:^|\s-\s)([A-Za-z_][\w/@().-]*):\s*(?:np\.\w+\()?([-+\w.]+)")
 _EQ_PAIR = re.compile(r"([A-Za-z_][\w/.-]*)=([-+\w.]+)")
 _STEP_TAG = re.compile(r"\[step\s+(\d+)(?:/\d+)?\]", re.I)
 _TRL_SUMMARY = {"train_runtime", "train_loss", "total_flos", "train_samples_per_second", "train_steps_per_second"}
@@ -558,29 +573,43 @@ def _stdout_record(line: str) -> tuple[str, dict] | None:
 
 def _stdout(path: Path) -> RunLog:
     """A console log. TRL prints no step number: its training dicts are numbered in order (each one a
-    logging interval), an evaluation dict joins the training dict before it, the summary is dropped."""
-    records, printers, skipped = [], set(), 0
+    logging interval), an evaluation dict joins the training dict before it, the summary is dropped.
+    Where lines carry their step (verl, '[Step n]'), printed dicts are no training records: verl
+    pretty-prints its config and its validation summaries as dicts. verl prints a step's last
+    validation on a line of its own with the same step number: it joins that step's row."""
     with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            rec = _stdout_record(line)
-            if rec is None:
-                skipped += bool(line.strip())
+        lines = [(bool(line.strip()), _stdout_record(line)) for line in f]  # [(has text, record or None)]
+    stepped = any(rec is not None and rec[0] != "trl" for _, rec in lines)
+    records, printers, skipped, dicts, joined = [], set(), 0, 0, 0
+    for text, rec in lines:
+        if rec is None:
+            skipped += text
+            continue
+        printer, values = rec
+        if printer == "trl":
+            if stepped:
+                dicts += 1
                 continue
-            printer, values = rec
-            if printer == "trl":
-                if _TRL_SUMMARY & set(values):
-                    continue
-                if records and all(str(k).startswith("eval_") or k in ("epoch", "step") for k in values):
-                    records[-1].update(values)
-                    continue
-                values = {"step": len(records) + 1, **values}
-            printers.add(printer)
-            records.append(values)
+            if _TRL_SUMMARY & set(values):
+                continue
+            if records and all(str(k).startswith("eval_") or k in ("epoch", "step") for k in values):
+                records[-1].update(values)
+                continue
+            values = {"step": len(records) + 1, **values}
+        elif records and values["step"] == records[-1]["step"]:
+            records[-1].update(values)
+            joined += 1
+            continue
+        printers.add(printer)
+        records.append(values)
     if not records:
         raise IngestError(f"{path}: no step lines (expected TRL's printed log dicts, verl's 'step:N - key:value' lines "
                           "or '[Step n/N] key=value' lines)")
     log = _table(path, records, "stdout", "line")
     log.notes.insert(0, f"console log ({', '.join(sorted(printers))} lines); {skipped} other lines skipped"
+                     + (f"; {dicts} printed dicts skipped (config and validation summaries: the step lines carry the "
+                        "metrics)" if dicts else "")
+                     + (f"; {joined} lines joined the row of the step before them (same step number)" if joined else "")
                      + ("; TRL prints no step: rows are numbered in order, one a logging interval" if "trl" in printers else ""))
     return log
 
