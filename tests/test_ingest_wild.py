@@ -271,6 +271,32 @@ def test_a_log_history_list_saved_on_its_own_is_read_as_trl(tmp_path):
         load(tmp_path / "bad.json")
 
 
+def test_an_object_of_one_list_per_metric(tmp_path):
+    """A hand-written loop's metrics as {"rewards_avg": [...], "kl_avg": [...]} (RL_GRPO's grpo_metrics.json):
+    no step column, so rows are numbered; a value that is not one a row (a dict of evaluations) is said."""
+    n = 40
+    metrics = {"rewards_avg": [0.2 + 0.01 * i for i in range(n)], "train_accuracies_avg": [0.1] * n,
+               "kl_avg": [0.001 * i for i in range(n)], "dev_chrf": {"10": 38.4, "20": 36.0}}
+    (tmp_path / "grpo_metrics.json").write_text(json.dumps(metrics))
+    log = load(tmp_path / "grpo_metrics.json")
+    assert log.series["step"].tolist() == list(range(1, n + 1)) and log.series["reward"][-1] == pytest.approx(0.59)
+    assert log.has("train_acc") and log.series["kl"][1] == pytest.approx(0.001)
+    assert noted(log, "no step column: rows are numbered in order") and "dev_chrf (not one value a row)" in log.ignored
+
+
+def test_the_evaluation_size_is_inferred_from_its_accuracies(tmp_path):
+    """Every held-out accuracy is k/16: n = 16, and the decline test uses its binomial noise. Values that
+    are rounded (k/3 to 4 decimals) fit no n, and n stays unknown."""
+    n = 60
+    k = np.tile([3, 5, 6, 8, 9, 11], n // 6)
+    csv_log(tmp_path / "a.csv", {"step": np.arange(1, n + 1.0), "reward": np.full(n, 0.5), "eval_acc": k / 16})
+    log = load(tmp_path / "a.csv")
+    assert log.eval_n == 16 and noted(log, "eval_n = 16, inferred from sample_acc")
+    csv_log(tmp_path / "b.csv", {"step": np.arange(1, n + 1.0), "reward": np.full(n, 0.5),
+                                 "eval_acc": np.round(np.tile([1, 2, 4, 5, 7, 8], n // 6) / 9, 4)})
+    assert load(tmp_path / "b.csv").eval_n is None
+
+
 def notebook(rows: list[list[str]], header: list[str]) -> dict:
     """An .ipynb whose one output is transformers' NotebookProgressCallback table (the HTML it draws)."""
     th = "".join(f"<th>{h}</th>" for h in header)
@@ -369,7 +395,7 @@ def test_the_real_corpus_agrees_with_its_authors():
 
     results = evaluate()
     present = [r for r in results if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
-    assert len(results) >= 19 and len(present) >= 2 and not [r.name for r in results if r.refused]
+    assert len(results) >= 20 and len(present) >= 2 and not [r.name for r in results if r.refused]
     assert not [r.name for r in results if r.expect == "healthy" and r.critical]
     assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
-    assert sum(bool(r.agrees) for r in results) >= (11 if len(present) == len(results) else 1)
+    assert sum(bool(r.agrees) for r in results) >= (12 if len(present) == len(results) else 1)

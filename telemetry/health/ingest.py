@@ -3,7 +3,8 @@ could tell about the run (G, max_new_tokens, ln V, eval size), plus notes on wha
 
 Formats: `sentinel` (our steps.csv or reward-vs-step.csv, or a run directory), `book` (the
 reasoning-from-scratch CSV: eval accuracy in percent), `csv` (any other CSV with a step column),
-`trl` (trainer_state.json log_history, or that list saved on its own), `verl` and `openrlhf` (JSONL
+`trl` (trainer_state.json log_history, or that list saved on its own; a JSON object of one list per
+metric is read too), `verl` and `openrlhf` (JSONL
 metric logs, one object a line, flat or verl's {"step": s, "data": {...}}), `jsonl` (any other such
 log), `stdout` (a console log), `notebook` (a Jupyter notebook's saved progress table).
 
@@ -43,9 +44,9 @@ class IngestError(ValueError):
 ALIASES: dict[str, tuple[str, ...]] = {
     "step": ("step", "global_step", "train/global_step", "training/global_step", "trainer/global_step", "_step",
              "iteration", "system/step"),
-    "reward": ("reward", "reward_avg", "reward_mean", "rewards/mean", "train/reward", "critic/score/mean",
-               "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
-    "kl": ("kl", "kl_mean", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
+    "reward": ("reward", "reward_avg", "rewards_avg", "reward_mean", "rewards/mean", "train/reward",
+               "critic/score/mean", "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
+    "kl": ("kl", "kl_mean", "kl_avg", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
            "critic/kl", "train/kl", "policy/kl", "kl_to_ref", "ref_kl"),
     "loss": ("loss", "train/loss", "training loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss",
              "train/policy_loss", "loss/policy"),  # training loss: the Trainer's notebook table
@@ -57,7 +58,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std", "advantage/zero_rate"),
     "frac_zero_std_correct": ("frac_zero_std_correct",),
     "frac_zero_std_wrong": ("frac_zero_std_wrong",),
-    "train_acc": ("train_acc", "train_accuracy", "train/accuracy", "critic/acc/mean", "acc/mean", "accuracy"),
+    "train_acc": ("train_acc", "train_accuracy", "train_accuracies_avg", "train/accuracy", "critic/acc/mean", "acc/mean",
+                  "accuracy"),
     "reward_std": ("reward_std", "rewards/std", "critic/score/std"),
     "response_len": ("response_len", "avg_response_len", "completions/mean_length", "response_length/mean",
                      "response_length", "completion_length", "mean_length", "generate_len"),
@@ -388,9 +390,11 @@ def _trl(path: Path) -> RunLog:
         raise IngestError(f"{path}: not valid JSON ({e}); expected a TRL trainer_state.json") from None
     # A bare list is log_history saved on its own (json.dump(trainer.state.log_history, f): a common way to keep it).
     history = state if isinstance(state, list) else state.get("log_history") if isinstance(state, dict) else None
+    if history is None and isinstance(state, dict) and (log := _columnar(path, state)) is not None:
+        return log
     if not isinstance(history, list):
         raise IngestError(f"{path}: no 'log_history' list; expected a TRL/transformers trainer_state.json (or its "
-                          "log_history list)")
+                          "log_history list, or an object of one list per metric)")
     entries = [h for h in history if isinstance(h, dict)]
     notes = []
     if len(entries) < len(history):
@@ -423,6 +427,30 @@ def _trl(path: Path) -> RunLog:
     names = [k[len("rewards/"):-len("/mean")] for k in dict.fromkeys(k for r in records for k in r)
              if k.startswith("rewards/") and k.endswith("/mean")]
     _trl_completions(log, output_dir / "completions", names, evaluated)
+    return log
+
+
+def _columnar(path: Path, state: dict) -> RunLog | None:
+    """{"rewards_avg": [...], "kl_avg": [...]}: a hand-written loop's metrics kept as one list per metric,
+    one entry a logged step. The lists of the longest length are the columns; a step column numbers the
+    rows, else they are numbered in order. None when the object holds no list."""
+    lists = {k: v for k, v in state.items() if isinstance(v, list) and v
+             and all(x is None or isinstance(x, (int, float, str)) and not isinstance(x, bool) for x in v)}
+    if not lists:  # no list of scalars: not metric columns (a list of dicts is log_history under another name)
+        return None
+    n = max(len(v) for v in lists.values())
+    columns = {k: v for k, v in lists.items() if len(v) == n}
+    records = [{k: v[i] for k, v in columns.items()} for i in range(n)]
+    numbered = not any(k.strip().lower() in ALIASES["step"] for k in columns)
+    if numbered:
+        for i, r in enumerate(records, start=1):
+            r["step"] = i
+    log = _table(path, records, "json")
+    others = [k for k in state if k not in columns]
+    log.ignored += [f"{k} (not one value a row)" for k in others]
+    log.notes.insert(0, f"an object of one list per metric ({n} entries)"
+                     + ("; no step column: rows are numbered in order, one a logged step" if numbered else "")
+                     + (f"; not read, not one value a row: {', '.join(others)}" if others else ""))
     return log
 
 
@@ -727,6 +755,8 @@ def _derive(log: RunLog) -> None:
                                  "saturation is judged on a correctness component only")
     if log.max_new_tokens is None:
         _infer_cap(log)
+    if log.eval_n is None:
+        _infer_eval_n(log)
 
 
 # Columns that some runs log as exactly 0 on every row because nothing was computed: KL with beta = 0,
@@ -795,6 +825,22 @@ def _split_combined(log: RunLog) -> None:
     else:
         log.notes.append("the combined reward minus its auxiliary components is not a fraction on every row (weighted "
                          "components?): correctness is not derived from it")
+
+
+def _infer_eval_n(log: RunLog) -> None:
+    """The evaluation's size from its accuracies, when the log does not say it: each is k/n correct, so
+    the smallest n that makes every value a whole count (a divisor of the true n: the standard error it
+    gives is never smaller than the true one). Five distinct values at least, or the fit proves nothing;
+    rounded values (0.3333) fit no n up to 2,000 and nothing is inferred."""
+    v = log.series.get("sample_acc")
+    v = v[np.isfinite(v)] if v is not None else np.array([])
+    if len(np.unique(v)) < 5 or v.min() < 0 or v.max() > 1:
+        return
+    n = next((n for n in range(2, 2001) if np.all(np.abs(v * n - np.round(v * n)) <= 1e-6 * n)), None)
+    if n is not None:
+        log.eval_n = n
+        log.notes.append(f"derived: eval_n = {n}, inferred from sample_acc: every value is a whole number of {n} "
+                         "problems (the smallest such n)")
 
 
 def _infer_cap(log: RunLog) -> None:
