@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
-FORMATS = ["auto", "sentinel", "book", "csv", "trl", "verl", "openrlhf", "jsonl", "stdout"]
+FORMATS = ["auto", "sentinel", "book", "csv", "trl", "verl", "openrlhf", "jsonl", "stdout", "notebook"]
 
 
 def whole_number(minimum: int, what: str):

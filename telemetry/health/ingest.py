@@ -3,8 +3,10 @@ could tell about the run (G, max_new_tokens, ln V, eval size), plus notes on wha
 
 Formats: `sentinel` (our steps.csv or reward-vs-step.csv, or a run directory), `book` (the
 reasoning-from-scratch CSV: eval accuracy in percent), `csv` (any other CSV with a step column),
-`trl` (trainer_state.json log_history), `verl` and `openrlhf` (JSONL metric logs, one object a
-line, flat or verl's {"step": s, "data": {...}}), `jsonl` (any other such log).
+`trl` (trainer_state.json log_history, or that list saved on its own; a JSON object of one list per
+metric is read too), `verl` and `openrlhf` (JSONL
+metric logs, one object a line, flat or verl's {"step": s, "data": {...}}), `jsonl` (any other such
+log), `stdout` (a console log), `notebook` (a Jupyter notebook's saved progress table).
 
 Logs in the wild name things differently, and an ingester that ignores a column throws away the
 evidence: every column is mapped to one of our names (ALIASES), read as a reward component, or
@@ -42,12 +44,12 @@ class IngestError(ValueError):
 ALIASES: dict[str, tuple[str, ...]] = {
     "step": ("step", "global_step", "train/global_step", "training/global_step", "trainer/global_step", "_step",
              "iteration", "system/step"),
-    "reward": ("reward", "reward_avg", "reward_mean", "rewards/mean", "train/reward", "critic/score/mean",
-               "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
-    "kl": ("kl", "kl_mean", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
+    "reward": ("reward", "reward_avg", "rewards_avg", "reward_mean", "rewards/mean", "train/reward",
+               "critic/score/mean", "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
+    "kl": ("kl", "kl_mean", "kl_avg", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
            "critic/kl", "train/kl", "policy/kl", "kl_to_ref", "ref_kl"),
-    "loss": ("loss", "train/loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss", "train/policy_loss",
-             "loss/policy"),
+    "loss": ("loss", "train/loss", "training loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss",
+             "train/policy_loss", "loss/policy"),  # training loss: the Trainer's notebook table
     "entropy": ("entropy", "entropy_avg", "entropy_mean", "actor/entropy", "actor/entropy_loss", "policy/entropy",
                 "train/entropy", "objective/entropy"),
     "entropy_norm": ("entropy_norm",),
@@ -56,7 +58,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std", "advantage/zero_rate"),
     "frac_zero_std_correct": ("frac_zero_std_correct",),
     "frac_zero_std_wrong": ("frac_zero_std_wrong",),
-    "train_acc": ("train_acc", "train_accuracy", "train/accuracy", "critic/acc/mean", "acc/mean", "accuracy"),
+    "train_acc": ("train_acc", "train_accuracy", "train_accuracies_avg", "train/accuracy", "critic/acc/mean",
+                  "acc/mean", "accuracy"),
     "reward_std": ("reward_std", "rewards/std", "critic/score/std"),
     "response_len": ("response_len", "avg_response_len", "completions/mean_length", "response_length/mean",
                      "response_length", "completion_length", "mean_length", "generate_len"),
@@ -111,9 +114,10 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
     if fmt == "auto":
         fmt = _sniff(path)
     reader = {"sentinel": _sentinel, "book": _book, "csv": _csv, "trl": _trl,
-              "jsonl": _jsonl, "verl": _jsonl, "openrlhf": _jsonl, "stdout": _stdout}.get(fmt)
+              "jsonl": _jsonl, "verl": _jsonl, "openrlhf": _jsonl, "stdout": _stdout, "notebook": _notebook}.get(fmt)
     if reader is None:
-        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf, jsonl or stdout")
+        raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf, jsonl, stdout "
+                          "or notebook")
     try:
         log = reader(path)
     except OSError as e:
@@ -152,6 +156,8 @@ def _sniff(path: Path) -> str:
     except UnicodeDecodeError:
         raise IngestError(f"{path}: not a text file (expected a CSV, a trainer_state.json or a JSONL log)") from None
     stripped = head.lstrip()
+    if path.suffix == ".ipynb":
+        return "notebook"
     if path.suffix == ".json" or (stripped.startswith("{") and '"log_history"' in head):
         return "trl"
     if any(_STDOUT_LINE.search(line) for line in head.splitlines()[:50]):
@@ -396,9 +402,13 @@ def _trl(path: Path) -> RunLog:
         state = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise IngestError(f"{path}: not valid JSON ({e}); expected a TRL trainer_state.json") from None
-    history = state.get("log_history") if isinstance(state, dict) else None
+    # A bare list is log_history saved on its own (json.dump(trainer.state.log_history, f): a common way to keep it).
+    history = state if isinstance(state, list) else state.get("log_history") if isinstance(state, dict) else None
+    if history is None and isinstance(state, dict) and (log := _columnar(path, state)) is not None:
+        return log
     if not isinstance(history, list):
-        raise IngestError(f"{path}: no 'log_history' list; expected a TRL/transformers trainer_state.json")
+        raise IngestError(f"{path}: no 'log_history' list; expected a TRL/transformers trainer_state.json (or its "
+                          "log_history list, or an object of one list per metric)")
     entries = [h for h in history if isinstance(h, dict)]
     notes = []
     if len(entries) < len(history):
@@ -423,12 +433,38 @@ def _trl(path: Path) -> RunLog:
             r.pop(k, None)  # the end-of-training summary entry: not a step
     log = _table(path, records, "trl", "entry")
     log.notes[:0] = notes
+    if isinstance(state, list):
+        log.notes.insert(0, "a log_history list saved on its own (no trainer_state.json around it)")
     if path.parent.name.startswith("checkpoint-"):
         log.notes.insert(0, f"log_history of {path.parent.name}/trainer_state.json (the newest checkpoint's)")
     output_dir = path.parent.parent if path.parent.name.startswith("checkpoint-") else path.parent
     names = [k[len("rewards/"):-len("/mean")] for k in dict.fromkeys(k for r in records for k in r)
              if k.startswith("rewards/") and k.endswith("/mean")]
     _trl_completions(log, output_dir / "completions", names, evaluated)
+    return log
+
+
+def _columnar(path: Path, state: dict) -> RunLog | None:
+    """{"rewards_avg": [...], "kl_avg": [...]}: a hand-written loop's metrics kept as one list per metric,
+    one entry a logged step. The lists of the longest length are the columns; a step column numbers the
+    rows, else they are numbered in order. None when the object holds no list."""
+    lists = {k: v for k, v in state.items() if isinstance(v, list) and v
+             and all(x is None or isinstance(x, (int, float, str)) and not isinstance(x, bool) for x in v)}
+    if not lists:  # no list of scalars: not metric columns (a list of dicts is log_history under another name)
+        return None
+    n = max(len(v) for v in lists.values())
+    columns = {k: v for k, v in lists.items() if len(v) == n}
+    records = [{k: v[i] for k, v in columns.items()} for i in range(n)]
+    numbered = not any(k.strip().lower() in ALIASES["step"] for k in columns)
+    if numbered:
+        for i, r in enumerate(records, start=1):
+            r["step"] = i
+    log = _table(path, records, "json")
+    others = [k for k in state if k not in columns]
+    log.ignored += [f"{k} (not one value a row)" for k in others]
+    log.notes.insert(0, f"an object of one list per metric ({n} entries)"
+                     + ("; no step column: rows are numbered in order, one a logged step" if numbered else "")
+                     + (f"; not read, not one value a row: {', '.join(others)}" if others else ""))
     return log
 
 
@@ -563,24 +599,32 @@ def _stdout_record(line: str) -> tuple[str, dict] | None:
             obj = ast.literal_eval(line[i:j + 1])
         except (ValueError, SyntaxError, RecursionError, MemoryError):
             return None
-        return ("trl", obj) if isinstance(obj, dict) else None
+        # The Trainer's log dicts hold numbers (strings of them since TRL 0.20) and at most None; any other
+        # printed dict (a chat message, a config) is not a step.
+        values = list(obj.values()) if isinstance(obj, dict) else []
+        numeric = [v for v in values if v is not None and not isinstance(v, bool) and math.isfinite(_number(v))]
+        numbers_only = all(v is None or v in numeric or _nonfinite_text(v) for v in values)
+        return ("trl", obj) if numeric and numbers_only else None
     if m := re.search(r"\bstep:\s*(\d+)\s+-\s+", line):
         return "verl", {"step": m.group(1), **dict(_VERL_PAIR.findall(line[m.end() - 3:]))}
-    if m := _STEP_TAG.search(line):
-        return "steps", {"step": m.group(1), **dict(_EQ_PAIR.findall(line[m.end():]))}
-    return None
+    if (m := _STEP_TAG.search(line)) and (pairs := _EQ_PAIR.findall(line[m.end():])):
+        return "steps", {"step": m.group(1), **dict(pairs)}
+    return None  # a "[Step 2/5] building the dataset" banner without values is a script's stage, not a step
 
 
 def _stdout(path: Path) -> RunLog:
     """A console log. TRL prints no step number: its training dicts are numbered in order (each one a
-    logging interval), an evaluation dict joins the training dict before it, the summary is dropped.
-    Where lines carry their step (verl, '[Step n]'), printed dicts are no training records: verl
-    pretty-prints its config and its validation summaries as dicts. verl prints a step's last
-    validation on a line of its own with the same step number: it joins that step's row."""
+    logging interval), an evaluation dict joins the training dict before it, the summary is dropped and
+    ends that training: the next one's dicts are numbered from 1 again (an SFT stage, then GRPO, in one
+    log: _fix_steps keeps the last). Where lines carry their step (verl, '[Step n]'), printed dicts are
+    no training records: verl pretty-prints its config and its validation summaries as dicts. verl
+    prints a step's last validation on a line of its own with the same step number: it joins that
+    step's row."""
     with path.open(encoding="utf-8", errors="replace") as f:
         lines = [(bool(line.strip()), _stdout_record(line)) for line in f]  # [(has text, record or None)]
     stepped = any(rec is not None and rec[0] != "trl" for _, rec in lines)
     records, printers, skipped, dicts, joined = [], set(), 0, 0, 0
+    trained = 0  # TRL dicts before the last summary
     for text, rec in lines:
         if rec is None:
             skipped += text
@@ -591,11 +635,12 @@ def _stdout(path: Path) -> RunLog:
                 dicts += 1
                 continue
             if _TRL_SUMMARY & set(values):
+                trained = len(records)
                 continue
             if records and all(str(k).startswith("eval_") or k in ("epoch", "step") for k in values):
                 records[-1].update(values)
                 continue
-            values = {"step": len(records) + 1, **values}
+            values = {"step": len(records) - trained + 1, **values}
         elif records and values["step"] == records[-1]["step"]:
             records[-1].update(values)
             joined += 1
@@ -611,6 +656,37 @@ def _stdout(path: Path) -> RunLog:
                         "metrics)" if dicts else "")
                      + (f"; {joined} lines joined the row of the step before them (same step number)" if joined else "")
                      + ("; TRL prints no step: rows are numbered in order, one a logging interval" if "trl" in printers else ""))
+    return log
+
+
+# transformers' NotebookProgressCallback draws the log as an HTML table in the cell's output, one row per
+# logging step: <th>Step</th><th>Training Loss</th><th>reward</th>... ("rewards / fn" for "rewards/fn").
+_HTML_ROW = re.compile(r"<tr>(.*?)</tr>", re.S)
+_HTML_CELL = re.compile(r"<t[hd](?:\s[^>]*)?>(.*?)</t[hd]>", re.S)
+
+
+def _notebook(path: Path) -> RunLog:
+    """A Jupyter notebook's saved outputs: the Trainer's progress table (Unsloth's GRPO notebooks ship
+    with their own run's). The last table with a Step column is read: a re-run cell draws a new one."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise IngestError(f"{path}: not valid JSON ({e}); expected a Jupyter notebook (.ipynb)") from None
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    html = [h for c in cells or [] if isinstance(c, dict) for o in c.get("outputs") or [] if isinstance(o, dict)
+            if "<table" in (h := "".join((o.get("data") or {}).get("text/html") or []))]
+    tables = []
+    for h in html:
+        head, _, body = h.partition("</thead>")
+        names = [re.sub(r"\s*/\s*", "/", n.strip()) for n in _HTML_CELL.findall(head)]
+        if names and names[0].lower() == "step":
+            rows = (dict(zip(names, (v.strip() for v in _HTML_CELL.findall(r)))) for r in _HTML_ROW.findall(body))
+            tables.append(list(rows))
+    if not tables or not tables[-1]:
+        raise IngestError(f"{path}: no progress table with a Step column in the notebook's saved outputs (run the "
+                          "training cell and save the notebook with its outputs)")
+    log = _table(path, tables[-1], "notebook")
+    log.notes.insert(0, f"the notebook's progress table ({len(tables)} drawn, the last read): one row per logging step")
     return log
 
 
@@ -709,6 +785,8 @@ def _derive(log: RunLog) -> None:
                                  "saturation is judged on a correctness component only")
     if log.max_new_tokens is None:
         _infer_cap(log)
+    if log.eval_n is None:
+        _infer_eval_n(log)
 
 
 # Columns that some runs log as exactly 0 on every row because nothing was computed: KL with beta = 0,
@@ -718,12 +796,38 @@ UNMEASURED_WHEN_ZERO = ("kl", "entropy", "entropy_norm", "loss", "clip_frac")
 
 
 def _not_measured(log: RunLog) -> None:
+    _loss_is_beta_kl(log)
     for name in UNMEASURED_WHEN_ZERO:
         v = log.series.get(name)
         if v is not None and np.isfinite(v).any() and not np.any(v[np.isfinite(v)] != 0):
             del log.series[name]
             log.notes.append(f"{name} is exactly 0 on every row: not measured (dropped; the rows that read it are not "
                              "assessable)")
+
+
+# transformers logs the loss rounded to 4 decimals: a row's loss is known to within half that quantum.
+_LOSS_QUANTUM = 1e-4
+
+
+def _loss_is_beta_kl(log: RunLog) -> None:
+    """TRL's GRPO loss with one update per batch: the policy term's value is 0 (the ratio is 1 and each
+    group's advantages have mean 0), so the logged loss is beta x KL, a copy of the KL column scaled (as
+    in every Unsloth notebook and TRL trainer_state.json with beta > 0 in the corpus). Read as a loss,
+    KL's normal growth from 0 looks like a blow-up: when loss = b x kl on every row (b > 0, to within the
+    rounding), the loss is dropped and said; the KL rows read what it carries."""
+    s = log.series
+    if not (log.has("loss") and log.has("kl")):
+        return
+    ok = np.isfinite(s["loss"]) & np.isfinite(s["kl"])
+    loss, kl = s["loss"][ok], s["kl"][ok]
+    if ok.sum() < 10 or np.ptp(loss) < 10 * _LOSS_QUANTUM or not (kl @ kl) > 0:
+        return  # too few rows, or a loss that barely moves (within a few quanta): the fit would prove nothing
+    b = float(loss @ kl / (kl @ kl))  # least squares through the origin; the rounding moves it by ~1 %
+    if b > 0 and np.all(np.abs(loss - b * kl) <= _LOSS_QUANTUM / 2 + 1e-2 * np.abs(loss) + 1e-9):
+        del s["loss"]
+        log.notes.append(f"loss = {b:.3g} x kl on every row (to within its 4-decimal rounding): TRL's GRPO loss with "
+                         "one update per batch is beta x KL, not a separate measurement (dropped; the loss rows are "
+                         "not assessable, the KL rows read it)")
 
 
 def _as_fraction(v: np.ndarray) -> tuple[np.ndarray, float] | None:
@@ -751,6 +855,22 @@ def _split_combined(log: RunLog) -> None:
     else:
         log.notes.append("the combined reward minus its auxiliary components is not a fraction on every row (weighted "
                          "components?): correctness is not derived from it")
+
+
+def _infer_eval_n(log: RunLog) -> None:
+    """The evaluation's size from its accuracies, when the log does not say it: each is k/n correct, so
+    the smallest n that makes every value a whole count (a divisor of the true n: the standard error it
+    gives is never smaller than the true one). Five distinct values at least, or the fit proves nothing;
+    rounded values (0.3333) fit no n up to 2,000 and nothing is inferred."""
+    v = log.series.get("sample_acc")
+    v = v[np.isfinite(v)] if v is not None else np.array([])
+    if len(np.unique(v)) < 5 or v.min() < 0 or v.max() > 1:
+        return
+    n = next((n for n in range(2, 2001) if np.all(np.abs(v * n - np.round(v * n)) <= 1e-6 * n)), None)
+    if n is not None:
+        log.eval_n = n
+        log.notes.append(f"derived: eval_n = {n}, inferred from sample_acc: every value is a whole number of {n} "
+                         "problems (the smallest such n)")
 
 
 def _infer_cap(log: RunLog) -> None:

@@ -49,5 +49,8 @@ AUXILIARY = re.compile(r"format|xml|tag|think|length|len_|_len|style|int_reward|
 
 
 def component_kind(fn: str) -> str:
-    """correctness | auxiliary | unclassified: what a reward component's name says it pays for."""
+    """correctness | auxiliary | unclassified: what a reward component's name says it pays for. "format"
+    outranks the correctness words: match_format_exactly (Unsloth's GRPO notebooks) pays for the exact form."""
+    if "format" in fn.lower():
+        return "auxiliary"
     return "correctness" if CORRECTNESS.search(fn) else "auxiliary" if AUXILIARY.search(fn) else "unclassified"
