@@ -307,8 +307,9 @@ def test_the_real_corpus_agrees_with_its_authors():
 
     results = evaluate()
     present = [r for r in results if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
-    assert len(results) >= 17 and len(present) >= 2 and not [r.name for r in results if r.refused]
+    assert len(results) >= 18 and len(present) >= 2 and not [r.name for r in results if r.refused]
     assert not [r.name for r in results if r.expect == "healthy" and r.critical]
     assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
-    # 10 of 17 logs agree with their authors when all are fetched (the 5 verl logs added 4; the fifth has no statement)
-    assert sum(bool(r.agrees) for r in results) >= (10 if len(present) == len(results) else 1)
+    # 11 of 18 logs agree with their authors when all are fetched (the 5 verl logs added 4, the fifth has no statement;
+    # the website-sanitizer SFT-then-GRPO failure added 1)
+    assert sum(bool(r.agrees) for r in results) >= (11 if len(present) == len(results) else 1)
