@@ -11,8 +11,10 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   printed separately for the fit set (the families and seeds the detectors were designed and
   checked on: zoo.FIT_HEALTHY, seeds 0-299; pathology seeds 0-19), the seen report set
   (zoo.REPORT_HEALTHY, seeds 1000-1299; pathology seeds 1000-1019: reported on, then seen failing and
-  changed after) and report set 2 (zoo.REPORT2_HEALTHY, seeds 2000-2299; pathology seeds 2000-2019:
-  declared before any detector ran on them);
+  changed after), report set 2 (zoo.REPORT2_HEALTHY, seeds 2000-2299; pathology seeds 2000-2019:
+  declared before any detector ran on them, then seen and fitted on in the third pass) and report set 3
+  (zoo.REPORT3_SLOW, new shapes of the slow pathologies, seeds 3000-3019; zoo.REPORT3_HEALTHY, seeds
+  3000-3299: committed before any detector ran on them);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
@@ -74,11 +76,12 @@ def fixtures() -> list[dict]:
 SLOW = ("loss_blowup", "kl_acceleration", "entropy_drift", "length_drift", "format_hacking")
 
 
-def zoo_table(seeds) -> list[dict]:
+def zoo_table(seeds, gens=None) -> list[dict]:
+    """One row per pathology generator (default: the zoo's, the healthy ones aside) over `seeds`."""
     import zoo
 
     rows = []
-    for gen in zoo.ZOO:
+    for gen in gens or zoo.ZOO:
         if gen in zoo.HEALTHY:
             continue
         fw, fc, wl, cl, dmg, onset = [], [], [], [], None, None
@@ -137,7 +140,7 @@ def print_zoo(rows: list[dict], label: str) -> None:
         print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
               f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
               f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
-    slow = [r for r in rows if r["pathology"] in SLOW]
+    slow = [r for r in rows if r["pathology"] in SLOW or r["pathology"].startswith("r3_")]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
           + ", ".join(f"{r['pathology']} {fmt(r['lead_mean'])}" for r in slow)
@@ -352,6 +355,10 @@ def main() -> None:
         print_zoo(held, "seen report set, seeds 1000-%d" % (999 + args.seeds))
         report["zoo_report2"] = held2 = zoo_table(zoo.SLOW_REPORT2_SEEDS[:args.seeds])
         print_zoo(held2, "report set 2, seeds 2000-%d" % (1999 + min(args.seeds, len(zoo.SLOW_REPORT2_SEEDS))))
+        # Report set 3 (third pass): new shapes of the slow pathologies and new healthy families, committed
+        # before any detector ran on them; the fit set and report sets 1-2 (now seen) were fitted on.
+        report["zoo_report3"] = held3 = zoo_table(zoo.SLOW_REPORT3_SEEDS[:args.seeds], zoo.REPORT3_SLOW)
+        print_zoo(held3, "report set 3 (new shapes), seeds 3000-%d" % (2999 + min(args.seeds, len(zoo.SLOW_REPORT3_SEEDS))))
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
         report["false_pages"] = fp = false_pages(zoo.FIT_HEALTHY, zoo.FIT_SEEDS[:runs])
         print_false_pages(fp, "fit set")
@@ -359,6 +366,8 @@ def main() -> None:
         print_false_pages(fp_report, "seen report set")
         report["false_pages_report2"] = fp_report2 = false_pages(zoo.REPORT2_HEALTHY, zoo.REPORT2_SEEDS[:runs])
         print_false_pages(fp_report2, "report set 2")
+        report["false_pages_report3"] = fp_report3 = false_pages(zoo.REPORT3_HEALTHY, zoo.REPORT3_SEEDS[:runs])
+        print_false_pages(fp_report3, "report set 3")
         from benchmarks import bench_wild
 
         report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))

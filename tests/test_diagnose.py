@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import diagnose
+from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _trend, diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.lead import lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.schema import RunInfo
 from helpers import cli, new_run
 
@@ -77,6 +78,48 @@ def test_slow_pathologies_are_warned_before_the_damage(gen):
     assert np.median(leads) > 0 and min(leads) >= -10, leads
 
 
+@pytest.mark.parametrize("gen", [zoo.kl_acceleration, zoo.length_drift], ids=lambda g: g.__name__)
+def test_forecast_stage_pages_critical_20_steps_before_the_damage(gen):
+    """The drift rows' forecast stage (detectors._forecast): on the fit seeds 0-9 of the two slow pathologies
+    whose warning leads by 20+ steps, the first critical is that row's forecast stage and comes at least 20
+    steps before the damage on average (before the third pass: kl_acceleration ~0, length_drift ~-10)."""
+    leads = []
+    for seed in range(10):
+        _, damage = zoo.truth(gen, seed)
+        critical = [c for c in diagnose(zoo.make(gen, seed)).conditions if c.severity == "critical"]
+        assert critical and critical[0].id == gen.__name__ and "; forecast: " in critical[0].evidence, (seed, critical)
+        leads.append(damage - critical[0].first_step)
+    assert np.mean(leads) >= 20 and min(leads) > 0, leads
+
+
+def test_trend_and_forecast_arithmetic():
+    """_trend is the least-squares line over the trailing n rows with the slope's SE from the step noise; a
+    line with no noise has slope, end and SE exactly (0.004 a row, its last value, 0). _forecast extrapolates
+    it: from 0.1 + 0.004 t the level 0.902 is (0.902 - x_t) / 0.004 = 200.5 - t rows away, paged once that is
+    within forecast_windows x w = 10 x 20 = 200 rows: from the first full 2w window on (row 39); with H = 5
+    windows (100 rows) from t >= 100.5, row 101."""
+    t = np.arange(300, dtype=float)
+    x = 0.1 + 0.004 * t
+    slope, end, se = _trend(x, 40)
+    assert np.isnan(slope[38]) and np.allclose(slope[39:], 0.004) and np.allclose(end[39:], x[39:])
+    assert np.allclose(se[39:], 0.0)
+    log = RunLog({"step": t + 1, "x": x}, "line", "sentinel")
+    for windows, first in ((10, 39), (5, 101)):
+        mask, eta = _forecast(_Ctx(log, Thresholds(forecast_windows=windows)), x + 1e-9 * np.sin(t), 0.902, 1.0)
+        assert np.flatnonzero(mask)[0] == first and np.isclose(eta[first], 200.5 - first)
+    # White noise of sd 0.05 around a flat level: the SE is 0.05 / sqrt(40 (40^2 - 1) / 12) = 6.8e-4, measured
+    # from the differences (within 15 %), and a flat series heads nowhere: no forecast.
+    rng = np.random.default_rng(0)
+    noise = 0.5 + 0.05 * rng.standard_normal(20000)
+    _, _, se = _trend(noise, 40)
+    assert abs(np.nanmedian(se) / (0.05 / np.sqrt(40 * (40**2 - 1) / 12)) - 1) < 0.15
+    mask, _ = _forecast(_Ctx(RunLog({"step": np.arange(1.0, 20001), "x": noise}, "flat", "sentinel"), Thresholds()),
+                        noise, 0.9, 1.0)
+    # A one-sided 3-SE tail: 1.3e-3 for a known SE, 2.4e-3 for Student t with the ~38 degrees of freedom an SE
+    # estimated from 39 differences has (0.26 % measured here).
+    assert 1e-3 < mask.mean() < 3.5e-3
+
+
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
     on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,
@@ -101,9 +144,11 @@ def test_plain_book_run_late_decline_and_loss_blowup():
     lead = lead_time(diag, log)
     # Damage needs the fall beyond the noise of two evaluations: at n = 500 and a 46 % peak, 2 x sqrt(2 x .46 x .54 / 500)
     # = 6.3 points. Step 250 is 10 % below the peak but within that; step 300 is the first beyond it. The evaluations
-    # are 50 steps apart, so the damage lies in (250, 300] and the page at 243 came 8 to 57 steps before it.
+    # are 50 steps apart, so the damage lies in (250, 300] and the page at 249 came 2 to 51 steps before it (243
+    # before the third pass: step 249 lies 124 steps past its reference block's centre, where a healthy scale
+    # may have grown sqrt 10 ^ 1.24 = 4.2x, not the flat 3.2x, so p0 is higher there; detectors.loss_blowup).
     assert (lead.damage_step, lead.critical, lead.resolution, lead.proxy) == (300, "loss_blowup", 50, False)
-    assert lead.lead_range == (300 - 243 - 50 + 1, 300 - 243) and lead.first_warning > lead.first_critical, lead
+    assert lead.lead_range == (300 - 249 - 50 + 1, 300 - 249) and lead.first_warning > lead.first_critical, lead
     assert "sample_acc looked like a percentage (max > 1): divided by 100" in log.notes
     assert any("max_new_tokens = 1024" in n for n in log.notes)  # the cap, from lengths piling up at 1024
 

@@ -90,7 +90,7 @@ def test_per_step_state_does_not_grow_with_the_run():
 
 
 def test_the_stamped_record_says_which_conditions_are_critical_now():
-    """An escalated drift row is critical from the step it escalates: the record every sink reads
+    """A drift row is critical from the step its critical stage begins: the record every sink reads
     (StepStats.health_critical, exported as the condition's severity) says so at exactly the steps
     where `diagnose` has it critical."""
     log = zoo.make(zoo.kl_acceleration, 0)
@@ -100,7 +100,6 @@ def test_the_stamped_record_says_which_conditions_are_critical_now():
     m = monitor_for(log)
     stamped = {int(row["step"]): m.judge(row).stamp(StepStats.partial(int(row["step"]))) for row in rows(log)}
     assert "kl_acceleration" in stamped[first].health_critical
-    assert "kl_acceleration" not in stamped[first - 1].health_critical  # a warning before it escalates
-    assert "kl_acceleration" in stamped[first - 1].health
+    assert not [s for s in stamped if s < first and "kl_acceleration" in stamped[s].health_critical]
     assert all("kl_acceleration" in stamped[s].health_critical for s in range(first, last + 1)
                if any(c.first_step <= s <= c.last_step for c in critical))

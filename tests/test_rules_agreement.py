@@ -68,10 +68,11 @@ def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
     exactly the conditions diagnose finds (the trainer-side ones aside); and those conditions."""
     diagnosis = diagnose(log)
     found = {c.id for c in diagnosis.conditions} - set(TRAINER_SIDE)
-    # A drift row's escalated stage (critical, label stage="escalated") fires exactly where diagnose escalates it.
-    escalated = {
-        c.id for c in diagnosis.conditions if c.severity == "critical" and BY_ID[c.id].severity == "warning"
-    } - set(TRAINER_SIDE)
+    # A drift row's critical stages (label stage="escalated", "forecast") fire exactly where diagnose raises
+    # them; the evidence says which (detectors._escalate).
+    staged = [c for c in diagnosis.conditions if c.severity == "critical" and BY_ID[c.id].severity == "warning"
+              and c.id not in TRAINER_SIDE]
+    stages = {(c.id, "forecast" if "; forecast: " in c.evidence else "escalated") for c in staged}
     end = (len(log) - 1) * STEP_S
     return {
         "name": f"{name}: diagnose reports {sorted(found) or 'nothing'}",
@@ -81,7 +82,7 @@ def promtool_case(log: RunLog, name: str, run_id: str) -> tuple[dict, set[str]]:
             "expr": f'group by (alertname, stage) (max_over_time(ALERTS{{alertstate="firing"}}[{end + STEP_S}s]))',
             "eval_time": f"{end}s",
             "exp_samples": [{"labels": f'{{alertname="{alert_name(c)}"}}', "value": 1} for c in sorted(found)]
-            + [{"labels": f'{{alertname="{alert_name(c)}", stage="escalated"}}', "value": 1} for c in sorted(escalated)],
+            + [{"labels": f'{{alertname="{alert_name(c)}", stage="{stage}"}}', "value": 1} for c, stage in sorted(stages)],
         }],
     }, found
 

@@ -154,3 +154,10 @@ def test_a_condition_is_exported_at_the_severity_it_is_at_now():
         episodes.format("nonfinite", "warning", "1.0"), episodes.format("nonfinite", "critical", "0.0"),
         episodes.format("kl_runaway", "critical", "1.0")])
     assert [ln for ln in over if ln.startswith("grpo_health_condition") and ln.endswith(" 1.0")] == []
+
+
+def test_every_severity_a_detector_reports_a_row_at_is_one_of_its_exported_stages():
+    from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING
+    from grpo_sentinel.telemetry.health.table import TABLE
+    staged = {r.id for r in TABLE if r.severity == "warning" and "critical" in r.severities}
+    assert staged == {*ESCALATING, *FORECASTING}, "Row.stages names every drift row with a critical stage"

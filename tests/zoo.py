@@ -446,6 +446,162 @@ REPORT2_HEALTHY = (new_t3_linear_x6, new_loss_exp_x20, new_noisy_eval_20_every5,
 REPORT2_SEEDS = range(2000, 2300)
 SLOW_REPORT2_SEEDS = range(2000, 2020)  # the slow pathologies' new seeds (same generators)
 
+# Report set 3 (issue 22, third pass): new *shapes* of each slow pathology, and new healthy families,
+# written and committed before any detector ran on them (seeds 3000-3299; the pathologies' 3000-3019).
+# Each damage is defined as the existing generators define it: the noise-free held-out accuracy
+# (`_acc_true`) 10 % below its running peak. `_onset` is where the pathology starts when that is not ONSET.
+
+
+def _ease(start: int, power: float = 1.0, end: int = N) -> np.ndarray:
+    """0 before `start`, then ((t - start) / (end - start)) ** power up to 1 at `end` (and 1 after)."""
+    t = np.arange(N, dtype=float)
+    return np.clip((t - start) / (end - start), 0, 1) ** power
+
+
+def r3_length_late_accel(rng):
+    """Lengths start creeping late (step 180) and accelerate (quadratically) to 95 % of the cap; the capped
+    share follows to 85 %; the accuracy falls from step 250 (the capped share then ~0.3)."""
+    s = _with_p(rng, _decline(0.6, 0.2, 100))
+    x = _ease(180, 2.0)
+    s["response_len"] = 3.5 + (0.95 * MAX_NEW - 3.5) * x + 0.1 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.85 * x) / (P * G)
+    s["_onset"] = np.array([180.0])
+    return s
+
+
+def r3_length_step_creep(rng):
+    """At the onset lengths step up (3.5 -> 16 tokens, 5 % capped), then creep linearly to 95 % of the cap,
+    85 % capped; the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    x = _ease(ONSET)
+    on = np.arange(N) >= ONSET
+    s["response_len"] = np.where(on, 16 + (0.95 * MAX_NEW - 16) * x, 3.5) + 0.1 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, np.where(on, 0.05 + 0.8 * x, 0.0)) / (P * G)
+    return s
+
+
+def r3_kl_exp_slow(rng):
+    """KL grows exponentially from the onset, more slowly (from 0.01, doubling every ~17 steps); the accuracy
+    falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 60))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.01 * np.exp((t - ONSET) / 25.0), 0.0)
+    return s
+
+
+def r3_kl_quadratic(rng):
+    """KL grows quadratically from the onset (to 3.0 at the end: 0.48 60 steps in, 1.1 90 steps in); the
+    accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 60))
+    s["kl"] = s["kl"] + 3.0 * _ease(ONSET, 2.0)
+    return s
+
+
+def r3_format_saturate_early(rng):
+    """A gameable format reward saturates within 20 steps of the onset (0.6 -> 1.0); the verifier's acceptance
+    then erodes slowly (to 0.3 at the end); held-out sees it ~30 steps later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    p[ONSET:] = np.linspace(p[ONSET], 0.3, N - ONSET)
+    lag = np.concatenate([np.full(30, p[0]), p[:-30]])
+    s = _with_p(rng, lag)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, np.clip(0.6 + 0.4 * _ease(ONSET, 1.0, ONSET + 20), 0, 1)) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
+    return s
+
+
+def r3_entropy_late_fall(rng):
+    """Entropy creeps up from the onset (0.6 -> 1.4) with the reward flat; the reward and the accuracy fall
+    late, from 90 steps after the onset."""
+    p = np.full(N, 0.45)
+    p[ONSET + 90 :] = np.linspace(0.45, 0.2, N - ONSET - 90)
+    s = _with_p(rng, p)
+    s["entropy"] = _ramp(0.6, 1.4) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def r3_loss_power(rng):
+    """The loss blows up polynomially from the onset (|loss| ~ ((t - onset) / 8)^3: x10 in ~17 steps, x1000 in
+    80); the accuracy falls from 40 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 40))
+    t = np.arange(N)
+    grow = np.where(t >= ONSET, 0.002 * ((t - ONSET) / 8.0) ** 3, 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    return s
+
+
+def r3_loss_exp_offgrid(rng):
+    """An exponential blow-up (x10 every ~46 steps) starting at step 170, off the 50-step blocks; the accuracy
+    falls from step 210."""
+    s = _with_p(rng, _decline(0.6, 0.15, 60))
+    t = np.arange(N)
+    grow = np.where(t >= 170, 0.002 * np.exp((t - 170) / 20.0), 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    s["_onset"] = np.array([170.0])
+    return s
+
+
+def h3_kl_rise_plateau(rng):
+    """Healthy: the KL rises fast early (to ~0.3 by step 120) and plateaus."""
+    s = _healthy(rng)
+    s["kl"] = 0.002 + 0.3 * (1 - np.exp(-np.arange(1, N + 1) / 40)) * (1 + 0.1 * rng.standard_normal(N))
+    return s
+
+
+def h3_lengths_grow_stabilise(rng):
+    """Healthy: completions grow from 3.5 to ~35 tokens (of 64) over the first ~150 steps and stabilise; the
+    capped share follows from 1 % to ~6 %."""
+    s = _healthy(rng)
+    x = 1 - np.exp(-np.arange(N) / 50)
+    s["response_len"] = 3.5 + 31.5 * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.05 * x) / (P * G)
+    return s
+
+
+def h3_entropy_rise_settle(rng):
+    """Healthy: the entropy rises early (0.6 -> 1.1 over 80 steps) and settles there while the run learns."""
+    s = _healthy(rng)
+    s["entropy"] = 0.6 + 0.5 * _ease(0, 1.0, 80) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def h3_noisy_eval_25_every25(rng):
+    """Healthy, evaluated every 25 steps on 25 problems."""
+    s = _healthy(rng)
+    s["sample_acc"][:] = np.nan
+    s["sample_acc"][24::25] = rng.binomial(25, s["_acc_true"][24::25]) / 25
+    s["_eval_n"] = np.array([25.0])
+    return s
+
+
+def h3_loss_linear_x30(rng):
+    """Healthy, with a loss scale growing thirtyfold over the run, linearly."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * np.linspace(1, 30, N)
+    return s
+
+
+def h3_format_first(rng):
+    """Healthy: the format reward is learned first (0.3 -> 0.95 over 60 steps) while correctness stays flat,
+    then correctness rises."""
+    t = np.arange(N, dtype=float)
+    s = _with_p(rng, np.where(t < 60, 0.2, 0.2 + 0.4 * (1 - np.exp(-(t - 60) / 80))))
+    fmt = rng.binomial(P * G, 0.3 + 0.65 * _ease(0, 1.0, 60)) / (P * G)
+    s.update(reward_correct=s["reward"].copy(), reward_format=fmt, reward=s["reward"] + fmt)
+    return s
+
+
+REPORT3_SLOW = (r3_length_late_accel, r3_length_step_creep, r3_kl_exp_slow, r3_kl_quadratic, r3_format_saturate_early,
+                r3_entropy_late_fall, r3_loss_power, r3_loss_exp_offgrid)
+REPORT3_HEALTHY = (h3_kl_rise_plateau, h3_lengths_grow_stabilise, h3_entropy_rise_settle, h3_noisy_eval_25_every25,
+                   h3_loss_linear_x30, h3_format_first)
+REPORT3_SEEDS = range(3000, 3300)
+SLOW_REPORT3_SEEDS = range(3000, 3020)
+
 SEEN_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
 REPORT_HEALTHY = (report_t3_growing, report_t3_noisy, report_growing_x10, report_plateau_60, report_plateau_150,
                   report_noisy_eval_30)
@@ -509,7 +665,7 @@ def truth(gen, seed: int = 0) -> tuple[int | None, int | None]:
     acc = s["_acc_true"]
     peak = np.maximum.accumulate(acc)
     hit = np.flatnonzero(acc < 0.9 * peak)
-    onset = None if gen in HEALTHY else 0 if gen in FROM_START else ONSET
+    onset = None if gen in HEALTHY else 0 if gen in FROM_START else int(s.get("_onset", [ONSET])[0])
     return onset, (int(s["step"][hit[0]]) if len(hit) else None)
 
 

@@ -30,7 +30,7 @@ from statistics import NormalDist
 import numpy as np
 
 from grpo_sentinel.telemetry.health.runlog import RunLog
-from grpo_sentinel.telemetry.health.table import BY_ID, TABLE
+from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.health.thresholds import Thresholds, early_steps
 from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 
@@ -305,14 +305,20 @@ def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _loss_share_above(c: _Ctx, lag: int, x: np.ndarray) -> np.ndarray:
-    """[N] how many non-zero |loss| of the reference block (as _loss_blocks(c, lag)) lie above x[row], x
-    being one value per block of rows (as every reference statistic is): counted once per block."""
+    """[N] how many non-zero |loss| of the reference block (as _loss_blocks(c, lag)) lie above x[row]."""
     blocks, lw = c._ma["loss_blocks_sorted"], c.th.loss_window
-    own = c.row // lw - (c.row[0] // lw if c.n else 0)  # [N] the row's own block
-    first = np.flatnonzero(np.r_[True, np.diff(own) != 0])  # the first row of each
-    ref = np.clip(np.maximum(c.row[first] // lw - lag, 0) - (c.row[0] // lw if c.n else 0), 0, len(blocks) - 1)
-    above = np.sum(blocks[ref] > x[first, None], axis=1).astype(float)  # NaN compares False
-    return above[np.cumsum(np.r_[True, np.diff(own) != 0]) - 1]
+    first = c.row[0] // lw if c.n else 0
+    ref = np.clip(np.maximum(c.row // lw - lag, 0) - first, 0, len(blocks) - 1)  # [N] index into the blocks
+    out = np.zeros(c.n)
+    for a in range(0, c.n, 1 << 14):  # [rows, loss_window] comparisons a chunk at a time (a bounded memory)
+        out[a:a + (1 << 14)] = np.sum(blocks[ref[a:a + (1 << 14)]] > x[a:a + (1 << 14), None], axis=1)  # NaN: False
+    return out
+
+
+def _loss_lag(c: _Ctx, lag: int) -> np.ndarray:
+    """[N] steps from the centre of the row's reference block (as _loss_blocks(c, lag)) to the row."""
+    lw = c.th.loss_window
+    return c.row - (np.maximum(c.row // lw - lag, 0) * lw + (lw - 1) / 2)
 
 
 def loss_spike(c: _Ctx) -> None:
@@ -348,11 +354,19 @@ def loss_blowup(c: _Ctx) -> None:
 
     Under 'nothing changed' a new |loss| exceeds the maximum of the n0 non-zero values of the block
     with probability 1/(n0+1) whatever its distribution (exchangeability). But the null a healthy run
-    needs is not 'nothing changed': its scale may grow, by up to half an order of magnitude (sqrt 10,
-    3.2x) over the span; at 10x the median, a half-normal loss grown 3x exceeds T at 3 % of updates,
+    needs is not 'nothing changed': its scale may grow, at up to half an order of magnitude (sqrt 10,
+    3.2x) per 100 steps; at 10x the median, a half-normal loss grown 3x exceeds T at 3 % of updates,
     a t3 one at 8 %, far above 1/(n0+1) = 2 %, and the test alarmed on them. So p0 is the exceedance
     rate such a growth would give, read from the reference block itself (exchangeability again): the
-    share of its values above T / sqrt 10, plus one, over n0 + 1 (at most 0.45); the test is built to
+    share of its values above T / g, g = sqrt 10 ^ (lag / 100), lag = the steps from the reference
+    block's centre to the update (75-125), plus one, over n0 + 1 (at most 0.45). A rate, not one
+    factor for the span (third pass): a scale growing 20x over 300 steps, exponentially (2.7x per 100
+    steps, zoo `new_loss_exp_x20`), grows 4x between the block's centre and the last rows of the
+    block two after it, past sqrt 10, and paged 3 of 300 runs. Why half an order of magnitude per 100
+    steps is the healthy bound: the GRPO loss is the advantage-weighted ratio term, whose scale
+    normalised advantages fix, plus beta KL, whose scale follows the KL; a KL growing 10x over a few
+    hundred steps is a healthy run's (the zoo's healthy KL grows 25x over 300, mostly early) and a
+    blow-up is 10x in tens of steps (zoo `loss_blowup`: 10x every ~30). The test is built to
     detect a share p1 = `loss_blowup_share` (half the updates: at a tenfold scale, half of them pass
     10x the old median), or twice p0. Its log-likelihood ratio accumulates log(p1/p0) per exceedance
     and log((1-p1)/(1-p0)) per other non-zero update; by Wald's bound it alarms by chance at most once in e^h updates,
@@ -364,9 +378,11 @@ def loss_blowup(c: _Ctx) -> None:
         c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
         return
     limit = np.fmax(top, c.th.loss_blowup_factor * med)
-    # The exceedance rate a healthy trend may give: the reference block's own share above limit / sqrt 10
-    # (what a scale grown half an order of magnitude would put above the limit), distribution-free.
-    half = _loss_share_above(c, 2, limit / math.sqrt(c.th.loss_blowup_factor))
+    # The exceedance rate a healthy trend may give: the reference block's own share above limit / g, g the
+    # growth a healthy scale may make from the reference block's centre to this row at half an order of
+    # magnitude per 100 steps (what that scale would put above the limit), distribution-free.
+    grown = np.sqrt(c.th.loss_blowup_factor) ** (_loss_lag(c, 2) / 100)
+    half = _loss_share_above(c, 2, limit / grown)
     p0 = np.minimum((half + 1) / (n0 + 1), 0.45)
     p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
@@ -524,55 +540,120 @@ def entropy_rows(c: _Ctx) -> None:
     allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
     s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
     alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
-    # Not escalated (see _escalate): entropy rising is not damage by itself, and its critical stage is
-    # entropy_blowup; the authors' stable 7_4 run ends with its entropy 5x its baseline, still rising.
-    c.fire("entropy_drift", alarm,
-           lambda i, j: f"entropy (moving mean) {np.nanmax(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g} "
-                        f"(noise {noise:.2g} a step); sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g} "
-                        "while the reward is not rising", gap=w)
+    # No held stage (see _escalate): entropy rising is not damage by itself, and the authors' stable 7_4
+    # run ends with its entropy 5x its baseline, still rising (held, it paged at step 492). Its forecast
+    # stage needs the damage's own sign: the reward turning down (its 2w trend falling beyond 3 SE, on a
+    # line that loses `reward_drop` of the maximum within the horizon, and its 2w mean below the one 2w
+    # earlier beyond the noise of that difference, the mirror of _reward_rising) while the entropy
+    # creeps. The trend alone crossed 3 SE on 3 of 7_4's 500 steps (a real reward is not white noise).
+    r = c.s["reward"]
+    falling, eta = _forecast(c, r, c.ma("reward", 2 * w) - c.th.reward_drop * c.log.max_reward, -1.0)
+    falling &= _reward_rising(c, -1.0)
+    _escalate(c, "entropy_drift", alarm, None, 1.0,
+              lambda i, j: f"entropy (moving mean) {np.nanmax(ma[i:j + 1]):.3g} vs an early baseline of {baseline:.3g} "
+                           f"(noise {noise:.2g} a step); sequential test {np.nanmax(s[i:j + 1]):.0f} >= {c.th.cusum_h:g} "
+                           "while the reward is not rising", gap=w,
+              forecast=(falling, lambda i, j: f"the reward's trend over the last {2 * w} steps is down beyond its noise "
+                                              f"and loses {c.th.reward_drop:g} of its maximum within {eta[i]:.0f} steps"))
 
 
-# The warning rows with a critical stage (_escalate): the table says which (Row.stages).
-ESCALATING = tuple(r.id for r in TABLE if r.severity == "warning" and "critical" in r.severities)
+# The warning rows with a critical stage; Row.stages says so to whoever exports a condition's severity.
+ESCALATING = ("kl_acceleration", "length_drift", "correctness_drop")  # the warning rows with a held stage (_escalate)
+# The warning rows with a forecast stage (_forecast): a critical as soon as the warning's signal, at its
+# present trend, reaches the row's failure level within `forecast_windows` windows.
+FORECASTING = ("kl_acceleration", "length_drift", "correctness_drop", "entropy_drift")
 
 
-def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray, sign: float, evidence, gap: int,
-              excused: np.ndarray | None = None) -> None:
-    """A drift row's warning, and its critical stage. A slow pathology (KL accelerating, lengths
+def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray | None, sign: float, evidence, gap: int,
+              excused: np.ndarray | None = None, forecast: tuple[np.ndarray, object] | None = None) -> None:
+    """A drift row's warning, and its critical stages. A slow pathology (KL accelerating, lengths
     creeping to the cap, correctness falling under a format reward) does not correct itself: it runs
     on to the damage, and the critical page must come before that, not from the row the damage
-    itself trips (issue 22). Critical: the warning held, with its signal (the w moving mean of `raw`;
-    `sign` = +1 where higher is worse) worse than a window earlier by two standard errors of that
-    difference (2 sqrt 2 se, se from the step-to-step noise, as kl_acceleration's), on every step of
-    the last `escalate_windows` (m = 1) windows. Why the margin: without it "worse" is a coin flip
-    on a flat series, and a chance warning held a window became critical (1 of 20 runs of a flat
-    correctness series). Why m = 1: the shortest span any row judges; each further window delays
-    every critical by 20 steps, and the warnings lead the damage by only 5-30 steps
-    (docs/lead-time.md). "Held" as Prometheus's `for:` holds: true at every step, m w + 1 steps from
-    the first to the last (the rule pages on the same expression). The warning keeps the steps
-    before (its lead is unchanged). `excused`: rows where the row's own premise says the drift does
-    no damage (lengths at the cap while the reward still rises, as length_capped)."""
-    assert cid in ESCALATING, cid
+    itself trips (issue 22). Two critical stages, each its own rule (label `stage`):
+
+    - forecast (`forecast` = (mask, words), from _trend/_forecast): the warning, and the signal at its
+      present trend reaching the row's failure level within the horizon. It comes with the warning
+      when the trend is already clear, so it is the stage that leads (third pass, docs/lead-time.md).
+    - escalated (`raw` given): the warning held, with its signal (the w moving mean of `raw`;
+      `sign` = +1 where higher is worse) worse than a window earlier by two standard errors of that
+      difference (2 sqrt 2 se, se from the step-to-step noise, as kl_acceleration's), on every step
+      of the last `escalate_windows` (m = 1) windows. Why the margin: without it "worse" is a coin
+      flip on a flat series, and a chance warning held a window became critical (1 of 20 runs of a
+      flat correctness series). Why m = 1: the shortest span any row judges. "Held" as Prometheus's
+      `for:` holds: true at every step, m w + 1 steps from the first to the last (the rule pages on
+      the same expression). It catches what the forecast's linear trend underrates.
+
+    Either stage only promotes the warning: a healthy run's critical rate is at most its warning rate.
+    The warning keeps the steps before (its lead is unchanged). `excused`: rows where the row's own
+    premise says the drift does no damage, for the held stage (lengths creeping while the reward still
+    rises, as length_capped); the forecast's mask carries its own."""
+    assert cid in ESCALATING or cid in FORECASTING, cid
     m, w = c.th.escalate_windows, c.w
-    ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
-    worse = np.ones(c.n, dtype=bool) if excused is None else ~excused
-    for i in range(m):
-        worse &= sign * (_shift(ma, i * w) - _shift(ma, (i + 1) * w)) > _shift(margin, i * w)
-    critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
-    c.fire(cid, alarm & ~critical, evidence, severity="warning", gap=gap)
-    c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical",
-           severity="critical", gap=gap)
+    ok = np.ones(c.n, dtype=bool) if excused is None else ~excused
+    critical = np.zeros(c.n, dtype=bool)
+    if raw is not None:
+        ma, margin = moving_average(raw, w), 2 * math.sqrt(2) * _diff_se(raw, w)
+        worse = ok.copy()
+        for i in range(m):
+            worse &= sign * (_shift(ma, i * w) - _shift(ma, (i + 1) * w)) > _shift(margin, i * w)
+        critical = c.run_length(f"{cid}_held", alarm & worse) > m * w
+    foreseen = np.zeros(c.n, dtype=bool)
+    if forecast is not None:
+        mask, words = forecast
+        foreseen = alarm & mask
+    c.fire(cid, alarm & ~critical & ~foreseen, evidence, severity="warning", gap=gap)
+    if forecast is not None:
+        c.fire(cid, foreseen, lambda i, j: f"{evidence(i, j)}; forecast: {words(i, j)}: critical",
+               severity="critical", gap=gap)
+    if raw is not None:
+        c.fire(cid, critical, lambda i, j: f"{evidence(i, j)}; held {m * w} steps while getting worse: critical",
+               severity="critical", gap=gap)
 
 
-def _reward_rising(c: _Ctx) -> np.ndarray:
-    """The reward's 2w moving mean above its value 2w steps earlier by more than twice the noise of
-    that difference (each mean has SE sd / sqrt(2w))."""
+FORECAST_Z = 3.0  # a trend must stand this many standard errors out of its noise before it is extrapolated
+
+
+def _trend(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The least-squares line over the trailing n rows, at every row: (slope per row, the line's value
+    at the row, the slope's standard error), [N] each; NaN where the window is not complete and finite.
+    As PromQL's predict_linear/deriv fit it. The error is the step-to-step noise sigma (the sd of the
+    window's first differences / sqrt 2: a trend only shifts their mean, so a steep rise does not pass
+    for noise, as _diff_se) over sqrt(Sxx), Sxx = n (n^2 - 1) / 12."""
+    i = np.arange(len(x), dtype=float)
+    full = moving_average(np.isfinite(x).astype(float), n) >= 1 - 1e-12
+    mx, mix = moving_average(x, n), moving_average(i * x, n)
+    slope = (mix - (i - (n - 1) / 2) * mx) / ((n * n - 1) / 12)
+    end = mx + slope * (n - 1) / 2
+    d = x - _shift(x, 1)
+    sigma = windowed_sd(d, n) * np.sqrt(max(n - 1, 0) / n) / math.sqrt(2)
+    se = sigma / math.sqrt(n * (n * n - 1) / 12)
+    nan = np.where(full & (i >= n - 1), 1.0, np.nan)
+    return slope * nan, end * nan, se * nan
+
+
+def _forecast(c: _Ctx, x: np.ndarray, level, sign: float) -> tuple[np.ndarray, np.ndarray]:
+    """Time to failure: where the trend of x over the last 2w rows (_trend) heads toward `level` (a
+    number or [N]; `sign` +1: failure is x rising to it, -1: falling to it) beyond FORECAST_Z (3)
+    standard errors, and the line, continued, reaches it within H = `forecast_windows` x w rows.
+    Returns (mask, rows to the crossing). A test of the trend over 2w rows is more powerful than a
+    difference of two window means, and the horizon turns "getting worse" into "fails within H"."""
+    slope, end, se = _trend(x, 2 * c.w)
+    h = c.th.forecast_windows * c.w
+    gap = sign * (level - end)  # how far the line still is from the level (<= 0: there already)
+    towards = sign * slope > FORECAST_Z * se
+    eta = np.where(towards, np.maximum(gap, 0) / np.where(towards, sign * slope, 1.0), np.inf)
+    return towards & (eta <= h), eta
+
+
+def _reward_rising(c: _Ctx, sign: float = 1.0) -> np.ndarray:
+    """The reward's 2w moving mean above (sign -1: below) its value 2w steps earlier by more than twice
+    the noise of that difference (each mean has SE sd / sqrt(2w))."""
     if not c.has("reward"):
         return np.zeros(c.n, dtype=bool)
     w2 = 2 * c.w
     ma = c.ma("reward", w2)
     se = c.sd("reward", w2) / math.sqrt(w2)
-    return ma - _shift(ma, w2) > 2 * math.sqrt(2) * se
+    return sign * (ma - _shift(ma, w2)) > 2 * math.sqrt(2) * se
 
 
 def kl_rows(c: _Ctx) -> None:
@@ -628,10 +709,19 @@ def kl_rows(c: _Ctx) -> None:
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
     accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
+    # Forecast: the growth is super-linear (the test above), so a straight line would underrate it; at
+    # its own rate, the ratio r of this window's mean to the last's, the KL is m0 r^(H/w) at the horizon
+    # H: critical when that is past kl_bound (kl_runaway's level). PromQL says the same with `^`.
+    horizon = c.th.forecast_windows
+    ratio = k_ma / _shift(k_ma, w)
+    projected = k_ma * np.where(ratio > 1, ratio, 1.0) ** horizon
     _escalate(c, "kl_acceleration", accel, c.s["kl"], 1.0,
               lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
                            f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)",
-              gap=w)
+              gap=w,
+              forecast=(projected > c.th.kl_bound,
+                        lambda i, j: f"growing {ratio[i]:.2g}x a window, it passes kl_bound {c.th.kl_bound:g} within "
+                                     f"{horizon * w} steps"))
 
 
 def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
@@ -710,10 +800,19 @@ def length_drift(c: _Ctx) -> None:
     q = min(max(t0, 1 / c.w), 0.5)
     share_up = t_ma > t0 + 2 * math.sqrt(q * (1 - q) / c.w)
     u_ma = moving_average(u, c.w)
+    # Forecast: the capped share's trend reaching `truncation_capped` (length_capped's level: almost no
+    # completion ends, so no group is graded and the gradient goes) within the horizon. Not excused by a
+    # rising reward while few are cut (the uncut ones still learn; the premise is about the cut ones): only
+    # a reward rising with `truncation` (half) or more cut refutes it, as on a run that grades cut answers.
+    rising = _reward_rising(c)
+    capping, eta = _forecast(c, capped, c.th.truncation_capped, 1.0)
+    capping &= ~(rising & (t_ma >= c.th.truncation))
     _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u, 1.0,
               lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
                            f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
-              gap=c.w, excused=_reward_rising(c))
+              gap=c.w, excused=rising,
+              forecast=(capping, lambda i, j: f"at its trend over the last {2 * c.w} steps the capped share reaches "
+                                              f"{100 * c.th.truncation_capped:.0f} % within {eta[i]:.0f} steps"))
 
 
 def correctness_drop_and_training_reward_hacking(c: _Ctx) -> None:
@@ -772,7 +871,16 @@ def correctness_drop_and_training_reward_hacking(c: _Ctx) -> None:
                      f"; the auxiliary reward fell too ({aux_ma[k]:.3g})")
         return text
 
-    _escalate(c, "correctness_drop", alarm, acc, -1.0, evidence, gap=c.w)
+    # Forecast: the correctness's trend reaching the realised fall (`correctness_drop` below the peak, the
+    # damage's own definition) within the horizon, while an auxiliary reward holds (format hacking's
+    # premise: the combined reward does not show it). Without an auxiliary reward the trend is not
+    # extrapolated: a chance dip on a flat correctness trips the CUSUM and a 3-SE trend together (they
+    # read the same noise), and paged 1 of 300 runs flat for 150 steps (zoo `report_plateau_150`).
+    falling, eta = _forecast(c, acc, (1 - c.th.correctness_drop) * peak, -1.0)
+    falling &= holds
+    _escalate(c, "correctness_drop", alarm, acc, -1.0, evidence, gap=c.w,
+              forecast=(falling, lambda i, j: f"at its trend over the last {w2} steps the training correctness falls "
+                                              f"{100 * c.th.correctness_drop:.0f} % below its peak within {eta[i]:.0f} steps"))
     realised = ma <= (1 - c.th.correctness_drop) * peak - 3 * noise / math.sqrt(w2)
     c.fire("reward_hacking", alarm & realised & holds, lambda i, j: "on the training samples: " + evidence(i, j), gap=c.n)
 

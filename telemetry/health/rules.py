@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import ESCALATING, KL_ACCEL_Z, MIN_STEPS
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING, KL_ACCEL_Z, MIN_STEPS
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.health.thresholds import Thresholds, threshold_error
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
@@ -59,11 +59,19 @@ DIFFERS = {
                      "learning while capped, is length_pathology's warning)",
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
-    "length_drift": "its critical stage reads the trainer's warning held and the mean length rising; the trainer also "
+    "length_drift": "its escalated stage reads the trainer's warning held and the mean length rising; the trainer also "
                     "needs the rise beyond two standard errors and does not escalate while the reward rises (as "
-                    "length_capped)",
-    "correctness_drop": "its critical stage reads the trainer's warning held and the training accuracy falling; the "
-                        "trainer also needs the fall beyond two standard errors",
+                    "length_capped). Its forecast stage reads the trainer's warning and predict_linear of the truncation "
+                    "rate; the trainer also needs the trend beyond 3 standard errors, and no reward rising with half "
+                    "the completions cut",
+    "correctness_drop": "its escalated stage reads the trainer's warning held and the training accuracy falling; the "
+                        "trainer also needs the fall beyond two standard errors. Its forecast stage reads the trainer's "
+                        "warning and predict_linear of the training accuracy below 90 % of its recent peak; the trainer "
+                        "also needs the trend beyond 3 standard errors and an auxiliary reward holding (exported series "
+                        "carry no auxiliary reward)",
+    "entropy_drift": "its forecast stage reads the trainer's warning and predict_linear of the reward losing `reward_drop` "
+                     "within the horizon; the trainer also needs the trend beyond 3 standard errors and the reward's 2w "
+                     "mean below the one 2w earlier beyond its noise",
 }
 
 
@@ -87,6 +95,29 @@ def _worse(p: "RuleParams") -> dict[str, str]:
     return worse
 
 
+# The drift rows' forecast stage (detectors._forecast): row id -> the PromQL for "its signal, at its
+# present trend, reaches the row's failure level within the horizon H = `forecast_windows` windows".
+# The critical rule is the warning's expression and that (no hold beyond the warning's own `for:`).
+def _foresee(p: "RuleParams") -> dict[str, str]:
+    t, by, w2 = p.thresholds, _by(p), duration(2 * p.window)
+    h = _num(t.forecast_windows * p.window)  # seconds: predict_linear's horizon
+
+    def line(metric: str) -> str:  # the least-squares line over the last 2w, continued H ahead
+        return f"avg {by} (predict_linear({series(p, metric)}[{w2}], {h}))"
+
+    foresee = {
+        # At its own growth ratio a window (r = this window's mean over the last's), KL is m0 r^(H/w) at H.
+        "kl_acceleration": f"grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev, 1) "
+                           f"^ {_num(t.forecast_windows)} > {_num(t.kl_bound)}",
+        "length_drift": f"{line('grpo_truncation_rate')} >= {_num(t.truncation_capped)}",
+        "correctness_drop": f"{line('grpo_train_accuracy')}\n< {_num(1 - t.correctness_drop)} * "
+                            f"max_over_time(grpo:train_accuracy:avg_2w[{duration(t.correctness_lookback * 2 * p.window)}:])",
+        "entropy_drift": f"{line('grpo_reward_mean')}\n< grpo:reward_mean:avg_2w - {_num(t.reward_drop * p.max_reward)}",
+    }
+    assert set(foresee) == set(FORECASTING), "every forecasting detector row has its rule"
+    return foresee
+
+
 @dataclass(frozen=True)
 class RuleParams(Monitoring):
     """The monitoring config (window, pending, stall, group_by, selector) and the alerts' own settings."""
@@ -103,7 +134,8 @@ RULE_THRESHOLDS = ("adv_mean_tol", "nonfinite_run", "saturated", "zero_signal", 
                    "loose_reward", "small_group", "small_group_zero", "kl_bound", "kl_dominant_min", "kl_dominant_zero",
                    "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_baseline", "entropy_blowup_rise_lnv",
                    "exploration_rise", "exploration_signal", "truncation", "wrong_longer", "kl_accel", "kl_accel_min",
-                   "truncation_capped", "kl_growth", "repetition", "escalate_windows")
+                   "truncation_capped", "kl_growth", "repetition", "escalate_windows", "forecast_windows",
+                   "correctness_drop", "correctness_lookback")
 
 
 MONITORING = tuple(f.name for f in fields(Monitoring))  # parsed by monitoring.parse
@@ -411,7 +443,7 @@ def _dashboard(p: RuleParams) -> dict[str, str]:
 
 
 def health_rules(p: RuleParams) -> list[dict]:
-    promql, worse, out = _promql(p), _worse(p), []
+    promql, worse, foresee, out = _promql(p), _worse(p), _foresee(p), []
     for row in TABLE:
         if row.id in promql:
             expr, summary, description = promql[row.id]
@@ -443,6 +475,12 @@ def health_rules(p: RuleParams) -> list[dict]:
                         "labels": {"severity": "critical", "condition": row.id, "stage": "escalated"},
                         "annotations": {**rule["annotations"], "summary": rule["annotations"]["summary"] +
                                         f" (held {held} while getting worse: critical)"}})
+        if row.id in foresee:  # the forecast stage (detectors._forecast): critical with the warning
+            horizon = duration(p.thresholds.forecast_windows * p.window)
+            out.append({**rule, "expr": f"(\n{expr}\n)\nand {foresee[row.id]}",
+                        "labels": {"severity": "critical", "condition": row.id, "stage": "forecast"},
+                        "annotations": {**rule["annotations"], "summary": rule["annotations"]["summary"] +
+                                        f" (at its trend, failing within {horizon}: critical)"}})
     return out
 
 

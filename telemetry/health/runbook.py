@@ -8,12 +8,14 @@ so the page, the rule and the dashboard cannot disagree.
 from __future__ import annotations
 
 from grpo_sentinel.telemetry.health import rules
-from grpo_sentinel.telemetry.health.detectors import ESCALATING
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
 
 ESCALATED = ("; critical (label `stage: escalated`) once held for a window while its signal keeps getting worse "
              "(a slow pathology does not correct itself)")
+FORECAST = ("; critical (label `stage: forecast`) at once when its signal, at its trend over the last two windows, "
+            "reaches the row's failure level within `forecast_windows` (10) windows (docs/lead-time.md, third pass)")
 
 
 def _panels_reading() -> dict[str, list[str]]:
@@ -40,8 +42,9 @@ def markdown() -> str:
             if r.id in rules.DIFFERS:
                 source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
         panels = ", ".join(f"*{t}*" for t in reading[r.id]) or "*Health conditions*"
+        stages = (ESCALATED if r.id in ESCALATING else "") + (FORECAST if r.id in FORECASTING else "")
         out += [f"## {r.id}", "",
-                f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}{ESCALATED if r.id in ESCALATING else ''}. "
+                f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}{stages}. "
                 f"**Source**: {source}", "",
                 f"**Means**: {r.signals}.", "",
                 f"**Likely cause**: {r.cause}.", "",

@@ -23,7 +23,8 @@ class Row:
     # "longest" (the group of the step's longest completion).
     traced: tuple[str, ...] = ()
     # The severities it is reported at, mildest first, when more than one: nonfinite is a warning until N
-    # updates in a row are skipped; a drift row's warning escalates to critical (detectors._escalate).
+    # updates in a row are skipped; a drift row's warning turns critical (detectors._escalate, its held and
+    # forecast stages).
     stages: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -165,6 +166,7 @@ TABLE: list[Row] = [
         "generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup",
         "inspect recent generations; lower the LR or the temperature before entropy reaches ln V",
         dont="treat it as exploration: exploration is entropy rising *with* the reward (`exploration`, info)",
+        stages=("warning", "critical"),
     ),
     Row(
         "exploration",

@@ -61,6 +61,8 @@ class Thresholds:
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
     escalate_windows: int = 1  # a drift row's warning held this many windows, getting worse: critical (_escalate)
+    forecast_windows: int = 10  # horizon H: a drift row whose signal's trend reaches its failure level within this
+    # many windows is critical at once (detectors._forecast; 200 steps at the default window)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 
@@ -74,7 +76,7 @@ _ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise"
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
            "correctness_lookback": 1, "no_progress_windows": 2,
-           "escalate_windows": 1}
+           "escalate_windows": 1, "forecast_windows": 1}
 
 
 def threshold_error(name: str, value: float) -> str | None:

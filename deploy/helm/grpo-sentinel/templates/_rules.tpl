@@ -64,6 +64,9 @@
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 {{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 {{- $escalate_windows := dig "escalate_windows" 1 $s | int64 -}}
+{{- $forecast_windows := dig "forecast_windows" 10 $s | int64 -}}
+{{- $correctness_drop := dig "correctness_drop" 0.1 $s | float64 -}}
+{{- $correctness_lookback := dig "correctness_lookback" 10 $s | int64 -}}
 groups:
 - name: grpo-recording
   rules:
@@ -356,6 +359,31 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPOKLAcceleration
+    expr: |-
+      (
+      grpo:kl_mean:avg_w >= {{ printf "%.6g" (float64 $kl_accel_min) }}
+      and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 2 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
+        > 14.9666 * grpo:kl_mean:se_w
+      and grpo:steps:seen_w >= 5
+      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+      )
+      and grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev, 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    labels:
+      severity: critical
+      condition: kl_acceleration
+      stage: forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      cause: the update is running away from the reference (LR too high or rising, beta decaying)
+      action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
+      runbook_url: '{{ $runbook }}#kl_acceleration'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPOEntropyCollapse
     expr: |-
       grpo:entropy_mean:avg_w < {{ printf "%.6g" (float64 $entropy_collapse) }} * grpo:entropy:baseline
@@ -406,6 +434,27 @@ groups:
       condition: entropy_drift
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy_drift (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports entropy_drift (signals: entropy rising away from its early baseline beyond its noise while the reward is not rising). PromQL cannot express it: a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between evaluations. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup'
+      action: inspect recent generations; lower the LR or the temperature before entropy reaches ln V
+      runbook_url: '{{ $runbook }}#entropy_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOEntropyDrift
+    expr: |-
+      (
+      max by (job, instance, run_id) (grpo_health_condition{condition="entropy_drift"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="entropy_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+      )
+      and avg by (job, instance, run_id) (predict_linear(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }}))
+      < grpo:reward_mean:avg_2w - {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+    labels:
+      severity: critical
+      condition: entropy_drift
+      stage: forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
       description: 'The trainer''s monitor reports entropy_drift (signals: entropy rising away from its early baseline beyond its noise while the reward is not rising). PromQL cannot express it: a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between evaluations. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup'
       action: inspect recent generations; lower the LR or the temperature before entropy reaches ln V
@@ -568,6 +617,26 @@ groups:
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
     for: {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }}
+  - alert: GRPOLengthDrift
+    expr: |-
+      (
+      max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="length_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+      )
+      and avg by (job, instance, run_id) (predict_linear(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }})) >= {{ printf "%.6g" (float64 $truncation_capped) }}
+    labels:
+      severity: critical
+      condition: length_drift
+      stage: forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'length bias or runaway generation starting: the early sign of length_pathology'
+      action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
+      runbook_url: '{{ $runbook }}#length_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPOCorrectnessDrop
     expr: |-
       max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
@@ -605,6 +674,27 @@ groups:
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
     for: {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }}
+  - alert: GRPOCorrectnessDrop
+    expr: |-
+      (
+      max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="correctness_drop"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+      )
+      and avg by (job, instance, run_id) (predict_linear(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }}))
+      < {{ printf "%.6g" (float64 (subf 1 $correctness_drop)) }} * max_over_time(grpo:train_accuracy:avg_2w[{{ include "grpo-sentinel.rules.duration" (mul (mul $correctness_lookback 2) $window) }}:])
+    labels:
+      severity: critical
+      condition: correctness_drop
+      stage: forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: correctness_drop (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'The trainer''s monitor reports correctness_drop (signals: the verifier''s acceptance of the training samples falling below its peak beyond its noise (with an auxiliary reward holding or rising: hacking)). PromQL cannot express it: a CUSUM of training correctness against its running peak, over every step (as entropy_drift). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the policy is getting worse at the task, or, while an auxiliary reward (format, length, style) holds, learning that reward instead of the task
+      action: open the recent generations; lower the LR if the reward falls too; make auxiliary rewards conditional on correctness
+      runbook_url: '{{ $runbook }}#correctness_drop'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPOAllWrongRising
     expr: |-
       max by (job, instance, run_id) (grpo_health_condition{condition="all_wrong_rising"}) == 1
@@ -848,6 +938,9 @@ groups:
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 {{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 {{- $escalate_windows := dig "escalate_windows" 1 $s | int64 -}}
+{{- $forecast_windows := dig "forecast_windows" 10 $s | int64 -}}
+{{- $correctness_drop := dig "correctness_drop" 0.1 $s | float64 -}}
+{{- $correctness_lookback := dig "correctness_lookback" 10 $s | int64 -}}
 {{- $g := .Values.grafanaAlerts -}}
 apiVersion: 1
 groups:
@@ -1583,6 +1676,75 @@ groups:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
+          (
+          (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5.65685 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
+            > 14.9666 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+          )
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * clamp_min((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))), 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        conditions:
+        - evaluator:
+            params:
+            - {{ printf "%.6g" (float64 $kl_accel_min) }}
+            type: gte
+        expression: B
+        refId: C
+        type: threshold
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: {{ include "grpo-sentinel.rules.duration" $pending }}
+    noDataState: OK
+    title: GRPOKLAcceleration forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      cause: the update is running away from the reference (LR too high or rising, beta decaying)
+      action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
+      runbook_url: '{{ $runbook }}#kl_acceleration'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: kl_acceleration
+      stage: forecast
+    uid: '{{ $g.uidPrefix }}-kl_acceleration-forecast'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
           (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) < {{ printf "%.6g" (float64 $entropy_collapse) }} * (max by (job, instance, run_id) (grpo_entropy_baseline))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) <= (avg by (job, instance, run_id) (avg_over_time(grpo_entropy_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
           and abs((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
@@ -1747,6 +1909,65 @@ groups:
       severity: warning
       condition: entropy_drift
     uid: '{{ $g.uidPrefix }}-entropy_drift'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (
+          max by (job, instance, run_id) (grpo_health_condition{condition="entropy_drift"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="entropy_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+          )
+          and avg by (job, instance, run_id) (predict_linear(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }}))
+          < (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) - {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOEntropyDrift forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: entropy_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'The trainer''s monitor reports entropy_drift (signals: entropy rising away from its early baseline beyond its noise while the reward is not rising). PromQL cannot express it: a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between evaluations. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'generation loosening (LR too high, temperature drifting up, KL reins too loose): the early sign of entropy_blowup'
+      action: inspect recent generations; lower the LR or the temperature before entropy reaches ln V
+      runbook_url: '{{ $runbook }}#entropy_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: entropy_drift
+      stage: forecast
+    uid: '{{ $g.uidPrefix }}-entropy_drift-forecast'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
@@ -2213,6 +2434,64 @@ groups:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
+          (
+          max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="length_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+          )
+          and avg by (job, instance, run_id) (predict_linear(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }})) >= {{ printf "%.6g" (float64 $truncation_capped) }}
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOLengthDrift forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'length bias or runaway generation starting: the early sign of length_pathology'
+      action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
+      runbook_url: '{{ $runbook }}#length_drift'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: length_drift
+      stage: forecast
+    uid: '{{ $g.uidPrefix }}-length_drift-forecast'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
           max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
           or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="correctness_drop"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
         refId: A
@@ -2320,6 +2599,65 @@ groups:
       condition: correctness_drop
       stage: escalated
     uid: '{{ $g.uidPrefix }}-correctness_drop-escalated'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          (
+          max by (job, instance, run_id) (grpo_health_condition{condition="correctness_drop"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="correctness_drop"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+          )
+          and avg by (job, instance, run_id) (predict_linear(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}], {{ printf "%.6g" (float64 (mul $forecast_windows $window)) }}))
+          < {{ printf "%.6g" (float64 (subf 1 $correctness_drop)) }} * max_over_time((avg by (job, instance, run_id) (avg_over_time(grpo_train_accuracy[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))[{{ include "grpo-sentinel.rules.duration" (mul (mul $correctness_lookback 2) $window) }}:])
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOCorrectnessDrop forecast
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: correctness_drop (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
+      description: 'The trainer''s monitor reports correctness_drop (signals: the verifier''s acceptance of the training samples falling below its peak beyond its noise (with an auxiliary reward holding or rising: hacking)). PromQL cannot express it: a CUSUM of training correctness against its running peak, over every step (as entropy_drift). The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: the policy is getting worse at the task, or, while an auxiliary reward (format, length, style) holds, learning that reward instead of the task
+      action: open the recent generations; lower the LR if the reward falls too; make auxiliary rewards conditional on correctness
+      runbook_url: '{{ $runbook }}#correctness_drop'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: correctness_drop
+      stage: forecast
+    uid: '{{ $g.uidPrefix }}-correctness_drop-forecast'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
