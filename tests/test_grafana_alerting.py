@@ -176,8 +176,9 @@ def test_grafana_rules_fire_exactly_where_the_diagnosis_does_on_the_zoo(tmp_path
     for max_reward, cases in tests.items():
         p = rulegen.RuleParams(window=Thresholds().window * STEP_S, pending=0, max_reward=max_reward)
         # A stage's title is '<alert> escalated' or '<alert> forecast' (Grafana wants titles unique): the alert it stands for.
-        rules = [{"alert": r["title"].removesuffix(" escalated").removesuffix(" forecast"), "expr": _as_promql(r), "for": r["for"],
-                  "labels": {k: as_prometheus(v) for k, v in r["labels"].items()}} for _, r in grafana_rules(p)]
+        rules = [{"alert": r["title"].removesuffix(" escalated").removesuffix(" forecast"), "expr": _as_promql(r),
+                  "for": r["for"], "labels": {k: as_prometheus(v) for k, v in r["labels"].items()}}
+                 for _, r in grafana_rules(p)]
         name = f"grafana-{max_reward:g}"
         (tmp_path / f"{name}.yml").write_text(yaml.safe_dump({"groups": [{"name": "grafana", "rules": rules}]}, width=1 << 20))
         (tmp_path / f"{name}.test.yml").write_text(yaml.safe_dump(
