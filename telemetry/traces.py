@@ -3,8 +3,9 @@
 What is traced is decided by `plan()`, a pure function of the record, before any sink runs, so the
 run record can name the traces of a step (steps.csv `trace_ids`) and the health verdicts can link
 the generations that explain them:
-- every held-out round (step 0 and every `sample_every` steps): one trace per (round, prompt), with
-  a generation per mode (sampled at the training temperature, greedy);
+- every held-out round (step 0 and every `sample_every` steps): one trace per (round, prompt) for the
+  first `eval_prompts` prompts of the fixed held-out set (the same ones every round), with a generation
+  per mode (sampled at the training temperature, greedy);
 - training rollouts every `train_every` steps: a fraction of the groups (at least one), one trace
   per group with a generation per completion;
 - always, at a step where a health condition is active: the groups that explain it (the highest-
@@ -106,7 +107,7 @@ def plan(s: StepStats, cfg: TracesSettings, run_id: str, attempt: int) -> tuple[
             refs.append(TraceRef("train", g, trace_id(run_id, attempt, "train", s.step, g), why[g]))
     ev = s.eval
     if ev is not None and ev.prompts:
-        for i in range(len(ev.prompts)):
+        for i in range(min(len(ev.prompts), cfg.eval_prompts)):
             tid = trace_id(run_id, attempt, "eval", s.step, i)
             if _keep(tid, cfg.sample_rate):
                 refs.append(TraceRef("eval", i, tid, "held-out round"))

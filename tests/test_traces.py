@@ -67,10 +67,15 @@ def heldout(n: int = 6) -> Eval:
                 answers=tuple(str(i) for i in range(n)), prompt_tokens=np.full(n, 2.0), generations=gens)
 
 
-def test_a_held_out_round_is_one_trace_per_prompt_and_the_sample_rate_thins_it():
+def test_a_held_out_round_traces_the_same_first_prompts_every_round_and_the_sample_rate_thins_them():
     refs = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(), "run", 1)
-    assert [t.index for t in refs] == list(range(400)) and {t.kind for t in refs} == {"eval"}
-    thinned = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(sample_rate=0.25), "run", 1)
+    assert [t.index for t in refs] == list(range(32)) and {t.kind for t in refs} == {"eval"}  # the default 32
+    later = plan(StepStats.partial(40, eval=heldout(400)), TracesSettings(), "run", 1)
+    assert [t.index for t in later] == list(range(32)) and not {t.trace_id for t in later} & {t.trace_id for t in refs}
+    every = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(eval_prompts=400), "run", 1)
+    assert [t.index for t in every] == list(range(400))
+    assert len(plan(StepStats.partial(20, eval=heldout(6)), TracesSettings(), "run", 1)) == 6  # a smaller set: all
+    thinned = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(eval_prompts=400, sample_rate=0.25), "run", 1)
     assert 60 < len(thinned) < 140  # ~100 of 400, chosen by trace id
 
 
