@@ -156,6 +156,37 @@ def demo_like_dir():
     return d
 
 
+def test_spans_and_scores_go_in_batches_at_a_flush_after_a_while_and_at_the_end(langfuse, monkeypatch):
+    """A request per batch, not two per traced step: what is built waits for a flush, SEND_AFTER_S, or the end."""
+    from grpo_sentinel.telemetry import traces
+
+    requests: list[int] = []  # spans per span export
+
+    class Counting(InMemorySpanExporter):
+        def export(self, spans):
+            requests.append(len(spans))
+            return super().export(spans)
+
+    def scores_posts() -> int:
+        return sum(q["path"] == "/api/public/ingestion" for q in langfuse.requests)
+
+    sink = TraceSink(TracesSettings(train_every=1), Credentials("pk-lf-test", "sk-lf-test", langfuse.url),
+                     span_exporter=Counting())
+    sink.start(INFO)
+    for n in (1, 2, 3):  # one group of 8 a step (train_fraction 1/8): a root and G generations
+        s = step(n)
+        sink.on_step(replace(s, traces=sink.plan(s)))
+    sink.flush()
+    assert requests == [3 * (1 + G)] and scores_posts() == 1
+    monkeypatch.setattr(traces, "SEND_AFTER_S", 0.05)
+    s = step(4)
+    sink.on_step(replace(s, traces=sink.plan(s)))
+    assert wait_for(lambda: requests == [3 * (1 + G), 1 + G] and scores_posts() == 2, timeout=10)  # no flush
+    sink.close()
+    assert requests == [3 * (1 + G), 1 + G] and scores_posts() == 2  # nothing was left for the end
+    assert len(langfuse.scores) == 4 * 2 * G  # a reward and a verdict per generation
+
+
 def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen2-0.5B" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
