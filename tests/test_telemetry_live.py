@@ -139,7 +139,8 @@ def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     from grpo_sentinel.telemetry.otel import OTelSink
 
     dead = f"http://127.0.0.1:{free_port()}/v1/metrics"  # nothing listens there
-    sink = OTelSink(None, OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
+    # Beside a live /metrics, as at the defaults: one reader serves the scrape and pushes to the dead collector.
+    sink = OTelSink(("127.0.0.1", 0), OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
     cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 20})
     t0 = time.monotonic()
     result = Trainer(cfg, new_run(tmp_path, cfg), sinks=[sink]).run_to_end()
