@@ -57,64 +57,6 @@ def lines_of(text: str, name: str) -> list[str]:
     return out
 
 
-def test_exposition_golden():
-    text = scrape_after([fixed_step(), fixed_step()])  # two identical steps: counts double
-    # rewards [1,1,0,0] twice: two 0s in every bucket, the 1s only from le=1.0; sum 4, count 8
-    assert lines_of(text, "grpo_reward_bucket") == [
-        f'grpo_reward_bucket{{le="{le}"}} {n}' for le, n in
-        [("0.1", "4.0"), ("0.2", "4.0"), ("0.3", "4.0"), ("0.4", "4.0"), ("0.5", "4.0"), ("0.6", "4.0"),
-         ("0.7", "4.0"), ("0.8", "4.0"), ("0.9", "4.0"), ("1.0", "8.0"), ("+Inf", "8.0")]]
-    assert lines_of(text, "grpo_reward_sum") == ["grpo_reward_sum{} 4.0"]
-    assert lines_of(text, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
-    # lengths: correct [2, 2] and wrong [3, 6] per step; buckets 1..6 for max_new_tokens = 6
-    assert lines_of(text, "grpo_completion_length_bucket")[:7] == [
-        f'grpo_completion_length_bucket{{correct="true",le="{le}"}} {n}' for le, n in
-        [("1.0", "0.0"), ("2.0", "4.0"), ("3.0", "4.0"), ("4.0", "4.0"), ("5.0", "4.0"), ("6.0", "4.0"), ("+Inf", "4.0")]]
-    assert lines_of(text, "grpo_completion_length_sum") == [
-        'grpo_completion_length_sum{correct="true"} 8.0', 'grpo_completion_length_sum{correct="false"} 18.0']
-    # |A| = 0.8659 for all four: in the le=1.0 bucket
-    assert 'grpo_advantage_abs_bucket{le="0.75"} 0.0' in lines_of(text, "grpo_advantage_abs_bucket")
-    assert 'grpo_advantage_abs_bucket{le="1.0"} 8.0' in lines_of(text, "grpo_advantage_abs_bucket")
-    # signed values as gauges, exactly as given
-    assert lines_of(text, "grpo_loss") == ["grpo_loss{} -0.25"]
-    assert lines_of(text, "grpo_repetition_rate") == ["grpo_repetition_rate{} 0.125"]
-    assert lines_of(text, "grpo_frac_zero_std") == [
-        'grpo_frac_zero_std{outcome="any"} 0.0', 'grpo_frac_zero_std{outcome="all_correct"} 0.0',
-        'grpo_frac_zero_std{outcome="all_wrong"} 0.0']
-    assert lines_of(text, "grpo_steps_total") == ["grpo_steps_total{} 2.0"]
-    assert lines_of(text, "grpo_tokens_total") == ["grpo_tokens_total{} 26.0"]  # (2+2+3+6) * 2
-
-
-def test_negative_and_nonfinite_histogram_values_are_counted_not_lost():
-    s = fixed_step()
-    s.samples.kl[0] = -0.5  # impossible for k3, but a custom signal could be signed
-    s.samples.entropy[1] = np.nan
-    text = scrape_after([s])
-    rejected = lines_of(text, "grpo_histogram_rejected_total")
-    assert 'grpo_histogram_rejected_total{metric="grpo.kl",reason="negative"} 1.0' in rejected
-    assert 'grpo_histogram_rejected_total{metric="grpo.entropy",reason="nonfinite"} 1.0' in rejected
-    assert lines_of(text, "grpo_kl_count") == ["grpo_kl_count{} 3.0"]
-
-
-def test_a_trainer_that_logs_only_means_exports_only_what_it_measured():
-    """A record without per-completion values (TRL unwrapped) and with signals nobody measured: every row
-    that reads them is absent, none reports a placeholder (no rejected or non-finite count for it)."""
-    s = StepStats.partial(3, reward=0.5, loss=0.1, steps_in_row=2)
-    assert s.samples is None and "entropy" in s.unmeasured and "reward" not in s.unmeasured
-    points = {m.name: list(m.points(s)) for m in catalogue.CATALOGUE}
-    assert all(points[m.name] == [] for m in catalogue.CATALOGUE if m.kind == "histogram")
-    assert points["grpo.steps"] == [(2.0, {})] and points["grpo.completions"] == []
-    assert catalogue.nonfinite_signals(s) == []
-    text = scrape_after([s])
-    counted = lines_of(text, "grpo_histogram_rejected_total") + lines_of(text, "grpo_nonfinite_total")
-    assert counted and all(line.endswith(" 0.0") for line in counted) and "grpo_reward_mean{" in text
-    # Per-completion values without a verifier's verdict or a KL: lengths kept, their split unknown, no KL histogram.
-    x = fixed_step().samples
-    unjudged = StepStats.partial(4, reward=0.5, samples=Samples(**{**x.__dict__, "unmeasured": frozenset({"kl", "correct"})}))
-    by_name = {m.name: list(m.points(unjudged)) for m in catalogue.CATALOGUE}
-    assert by_name["grpo.kl"] == [] and {a["correct"] for _, a in by_name["grpo.completion.length"]} == {"unknown"}
-
-
 class Captured(MetricExporter):
     """Keeps what each push carried: (count, sum, bucket counts) of `grpo.reward`'s one series."""
 
@@ -193,3 +135,62 @@ def test_an_exporter_that_prefers_delta_gets_deltas_beside_prometheus():
         sink.close()
     assert max(r[0] for r in otlp.rewards) <= 4  # never the running total
     assert tuple(map(sum, zip(*(r[2] for r in otlp.rewards)))) == tuple(2 * c for c in ONE_STEP[2])
+
+
+def test_exposition_golden():
+    text = scrape_after([fixed_step(), fixed_step()])  # two identical steps: counts double
+    # rewards [1,1,0,0] twice: two 0s in every bucket, the 1s only from le=1.0; sum 4, count 8
+    assert lines_of(text, "grpo_reward_bucket") == [
+        f'grpo_reward_bucket{{le="{le}"}} {n}' for le, n in
+        [("0.1", "4.0"), ("0.2", "4.0"), ("0.3", "4.0"), ("0.4", "4.0"), ("0.5", "4.0"), ("0.6", "4.0"),
+         ("0.7", "4.0"), ("0.8", "4.0"), ("0.9", "4.0"), ("1.0", "8.0"), ("+Inf", "8.0")]]
+    assert lines_of(text, "grpo_reward_sum") == ["grpo_reward_sum{} 4.0"]
+    assert lines_of(text, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
+    # lengths: correct [2, 2] and wrong [3, 6] per step; buckets 1..6 for max_new_tokens = 6
+    assert lines_of(text, "grpo_completion_length_bucket")[:7] == [
+        f'grpo_completion_length_bucket{{correct="true",le="{le}"}} {n}' for le, n in
+        [("1.0", "0.0"), ("2.0", "4.0"), ("3.0", "4.0"), ("4.0", "4.0"), ("5.0", "4.0"), ("6.0", "4.0"), ("+Inf", "4.0")]]
+    assert lines_of(text, "grpo_completion_length_sum") == [
+        'grpo_completion_length_sum{correct="true"} 8.0', 'grpo_completion_length_sum{correct="false"} 18.0']
+    # |A| = 0.8659 for all four: in the le=1.0 bucket
+    assert 'grpo_advantage_abs_bucket{le="0.75"} 0.0' in lines_of(text, "grpo_advantage_abs_bucket")
+    assert 'grpo_advantage_abs_bucket{le="1.0"} 8.0' in lines_of(text, "grpo_advantage_abs_bucket")
+    # signed values as gauges, exactly as given
+    assert lines_of(text, "grpo_loss") == ["grpo_loss{} -0.25"]
+    assert lines_of(text, "grpo_repetition_rate") == ["grpo_repetition_rate{} 0.125"]
+    assert lines_of(text, "grpo_frac_zero_std") == [
+        'grpo_frac_zero_std{outcome="any"} 0.0', 'grpo_frac_zero_std{outcome="all_correct"} 0.0',
+        'grpo_frac_zero_std{outcome="all_wrong"} 0.0']
+    assert lines_of(text, "grpo_steps_total") == ["grpo_steps_total{} 2.0"]
+    assert lines_of(text, "grpo_tokens_total") == ["grpo_tokens_total{} 26.0"]  # (2+2+3+6) * 2
+
+
+def test_negative_and_nonfinite_histogram_values_are_counted_not_lost():
+    s = fixed_step()
+    s.samples.kl[0] = -0.5  # impossible for k3, but a custom signal could be signed
+    s.samples.entropy[1] = np.nan
+    text = scrape_after([s])
+    rejected = lines_of(text, "grpo_histogram_rejected_total")
+    assert 'grpo_histogram_rejected_total{metric="grpo.kl",reason="negative"} 1.0' in rejected
+    assert 'grpo_histogram_rejected_total{metric="grpo.entropy",reason="nonfinite"} 1.0' in rejected
+    assert lines_of(text, "grpo_kl_count") == ["grpo_kl_count{} 3.0"]
+
+
+def test_a_trainer_that_logs_only_means_exports_only_what_it_measured():
+    """A record without per-completion values (TRL unwrapped) and with signals nobody measured: every row
+    that reads them is absent, none reports a placeholder (no rejected or non-finite count for it)."""
+    s = StepStats.partial(3, reward=0.5, loss=0.1, steps_in_row=2)
+    assert s.samples is None and "entropy" in s.unmeasured and "reward" not in s.unmeasured
+    points = {m.name: list(m.points(s)) for m in catalogue.CATALOGUE}
+    assert all(points[m.name] == [] for m in catalogue.CATALOGUE if m.kind == "histogram")
+    assert points["grpo.steps"] == [(2.0, {})] and points["grpo.completions"] == []
+    assert catalogue.nonfinite_signals(s) == []
+    text = scrape_after([s])
+    counted = lines_of(text, "grpo_histogram_rejected_total") + lines_of(text, "grpo_nonfinite_total")
+    assert counted and all(line.endswith(" 0.0") for line in counted) and "grpo_reward_mean{" in text
+    # Per-completion values without a verifier's verdict or a KL: lengths kept, their split unknown, no KL histogram.
+    x = fixed_step().samples
+    unjudged = StepStats.partial(4, reward=0.5, samples=Samples(**{**x.__dict__, "unmeasured": frozenset({"kl", "correct"})}))
+    by_name = {m.name: list(m.points(unjudged)) for m in catalogue.CATALOGUE}
+    assert by_name["grpo.kl"] == [] and {a["correct"] for _, a in by_name["grpo.completion.length"]} == {"unknown"}
+
