@@ -193,4 +193,3 @@ def test_a_trainer_that_logs_only_means_exports_only_what_it_measured():
     unjudged = StepStats.partial(4, reward=0.5, samples=Samples(**{**x.__dict__, "unmeasured": frozenset({"kl", "correct"})}))
     by_name = {m.name: list(m.points(unjudged)) for m in catalogue.CATALOGUE}
     assert by_name["grpo.kl"] == [] and {a["correct"] for _, a in by_name["grpo.completion.length"]} == {"unknown"}
-
