@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 SEND = object()  # a flush's mark in the worker's queue: send what is built
 SEND_AFTER_S = 5.0  # the longest a built span waits for others (the OpenTelemetry batch processor's delay)
 
+
 def trace_id(run_id: str, attempt: int, kind: str, step: int, index: int) -> str:
     """The Langfuse trace id of one traced group or held-out prompt: 32 hex digits, the SDK's
     seeded form (sha256 of the seed), so the same seed always names the same trace."""
@@ -264,14 +265,15 @@ class TraceSink:
             try:
                 if isinstance(item, StepStats):
                     oldest = oldest if spans else time.monotonic()
-                    for ref in item.traces:
-                        (self._train if ref.kind == "train" else self._eval)(item, ref, spans, scores)
+                    built = len(spans), len(scores)
+                    try:
+                        for ref in item.traces:
+                            (self._train if ref.kind == "train" else self._eval)(item, ref, spans, scores)
+                    except Exception:  # noqa: BLE001 - traces never stop training
+                        log.exception("building the traces of step %d failed; training continues", item.step)
+                        del spans[built[0]:], scores[built[1]:]  # that step's alone: the batch's others still go
                 if item is SEND or item is None or len(spans) >= SPANS_PER_REQUEST:
                     self._send(spans, scores)
-            except Exception:  # noqa: BLE001 - traces never stop training
-                log.exception("building or sending traces failed; training continues")
-                spans.clear()
-                scores.clear()
             finally:
                 self._queue.task_done()
             if item is None:
@@ -279,11 +281,15 @@ class TraceSink:
 
     def _send(self, spans: list, scores: list[dict]) -> None:
         """Spans, then the scores on them (each request bounded by the flush timeout); both lists emptied."""
-        for i in range(0, len(spans), SPANS_PER_REQUEST):
-            self._exporter.export(spans[i:i + SPANS_PER_REQUEST])
-        self._scores.post(scores)
-        spans.clear()
-        scores.clear()
+        try:
+            for i in range(0, len(spans), SPANS_PER_REQUEST):
+                self._exporter.export(spans[i:i + SPANS_PER_REQUEST])
+            self._scores.post(scores)
+        except Exception:  # noqa: BLE001 - traces never stop training
+            log.exception("sending traces failed; training continues")
+        finally:
+            spans.clear()
+            scores.clear()
 
     def _trace(self, s: StepStats, ref: TraceRef, trace_name: str) -> dict:
         """What every span of the trace carries (the SDK's propagated attributes): session, name, tags."""

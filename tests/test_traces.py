@@ -187,6 +187,25 @@ def test_spans_and_scores_go_in_batches_at_a_flush_after_a_while_and_at_the_end(
     assert len(langfuse.scores) == 4 * 2 * G  # a reward and a verdict per generation
 
 
+def test_a_step_whose_traces_cannot_be_built_loses_only_its_own(langfuse, caplog):
+    memory = InMemorySpanExporter()
+    sink = TraceSink(TracesSettings(train_every=1), Credentials("pk-lf-test", "sk-lf-test", langfuse.url),
+                     span_exporter=memory)
+    sink.start(INFO)
+    good, later = step(1), step(3)
+    # A producer's bug: no greedy verdicts (the worker meets it after the first prompt's sampled generation).
+    ev = heldout(6)
+    ev = replace(ev, generations={**ev.generations, "greedy": replace(ev.generations["greedy"], correct=np.array([]))})
+    broken = StepStats.partial(2, eval=ev)
+    planned = [replace(s, traces=sink.plan(s)) for s in (good, broken, later)]
+    for s in planned:
+        sink.on_step(s)
+    sink.close()
+    sent = {f"{sp.context.trace_id:032x}" for sp in memory.get_finished_spans()}
+    assert sent == {t.trace_id for s in (planned[0], planned[2]) for t in s.traces}  # the batch's others, and after
+    assert "building the traces of step 2 failed" in caplog.text
+
+
 def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen2-0.5B" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
