@@ -97,6 +97,9 @@ class TracesSettings(Section):
     train_fraction: float = Field(0.125, gt=0, le=1, description="Fraction of a traced step's groups that are traced "
                                                                  "(at least one); the groups explaining an active "
                                                                  "condition are always added.")
+    eval_prompts: int = Field(32, gt=0, description="Held-out prompts traced per round: the first N of the fixed "
+                                                    "held-out set, the same ones every round, so each one's answers "
+                                                    "can be followed through training (sample_acc is measured on all).")
     sample_rate: float = Field(1.0, gt=0, le=1, description="Fraction of the other traces kept (held-out rounds and "
                                                             "sampled groups), chosen by trace id; explaining groups are "
                                                             "always kept.")

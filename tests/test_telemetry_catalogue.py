@@ -4,10 +4,13 @@ import urllib.request
 
 import numpy as np
 import pytest
+from opentelemetry.sdk.metrics import Histogram
+from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult
 
 from grpo_sentinel.telemetry import catalogue
 from grpo_sentinel.telemetry.otel import OTelSink
 from grpo_sentinel.telemetry.schema import RunInfo, Samples, Scales, StepStats
+from helpers import wait_for
 
 pytestmark = pytest.mark.unit  # the inner loop: pure code, no model, no process (README, Tests)
 
@@ -52,6 +55,86 @@ def lines_of(text: str, name: str) -> list[str]:
                     if kv and not kv.startswith("otel_scope") and kv != 'run_id="golden"']
             out.append(f"{line[:line.find('{')] if '{' in line else labels}{{{','.join(kept)}}} {value}")
     return out
+
+
+class Captured(MetricExporter):
+    """Keeps what each push carried: (count, sum, bucket counts) of `grpo.reward`'s one series."""
+
+    def __init__(self, temporality: AggregationTemporality):
+        super().__init__(preferred_temporality={Histogram: temporality})
+        self.rewards: list[tuple[int, float, tuple[int, ...]]] = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        for rm in metrics_data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    if m.name == "grpo.reward":
+                        (p,) = m.data.data_points
+                        self.rewards.append((p.count, p.sum, tuple(p.bucket_counts)))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+INFO = RunInfo("golden", "demo", "grpo", Scales(max_reward=1.0, ln_vocab=float(np.log(15)), max_new_tokens=6))
+# rewards [1, 1, 0, 0] a step, buckets 0.1 .. 1.0: two values in (-inf, 0.1], two in (0.9, 1.0]
+ONE_STEP = (4, 2.0, (2, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0))
+
+
+def scrape(sink: OTelSink, name: str) -> list[str]:
+    return lines_of(urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read().decode(), name)
+
+
+def test_prometheus_and_the_otlp_push_export_the_same_histograms():
+    """With both ways out, Prometheus's scrape and the OTLP push read one aggregation (one reader: each
+    value is aggregated once), cumulative for both."""
+    otlp = Captured(AggregationTemporality.CUMULATIVE)
+    sink = OTelSink(("127.0.0.1", 0), otlp, export_interval_s=3600)  # pushed below, and at close
+    sink.start(INFO)
+    try:
+        for _ in range(2):
+            sink.on_step(fixed_step())
+            sink.flush()
+            sink.provider.force_flush()
+        assert scrape(sink, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
+        assert scrape(sink, "grpo_reward_sum") == ["grpo_reward_sum{} 4.0"]
+    finally:
+        sink.close()
+    two_steps = (8, 4.0, tuple(2 * c for c in ONE_STEP[2]))
+    assert otlp.rewards == [ONE_STEP, two_steps, two_steps]  # the last push: at close
+
+
+def test_the_otlp_push_runs_every_interval_beside_prometheus():
+    otlp = Captured(AggregationTemporality.CUMULATIVE)
+    sink = OTelSink(("127.0.0.1", 0), otlp, export_interval_s=0.02)
+    sink.start(INFO)
+    try:
+        sink.on_step(fixed_step())
+        sink.flush()
+        assert wait_for(lambda: ONE_STEP in otlp.rewards, timeout=10)
+    finally:
+        sink.close()
+
+
+def test_an_exporter_that_prefers_delta_gets_deltas_beside_prometheus():
+    """Its own periodic reader: each push carries what is new since the last, the scrape the total."""
+    otlp = Captured(AggregationTemporality.DELTA)
+    sink = OTelSink(("127.0.0.1", 0), otlp, export_interval_s=0.02)
+    sink.start(INFO)
+    try:
+        for k in (1, 2):
+            sink.on_step(fixed_step())
+            sink.flush()
+            assert wait_for(lambda: sum(r[0] for r in otlp.rewards) == 4 * k, timeout=10)
+        assert scrape(sink, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
+    finally:
+        sink.close()
+    assert max(r[0] for r in otlp.rewards) <= 4  # never the running total
+    assert tuple(map(sum, zip(*(r[2] for r in otlp.rewards)))) == tuple(2 * c for c in ONE_STEP[2])
 
 
 def test_exposition_golden():

@@ -110,8 +110,9 @@ def test_otlp_receiver_gets_the_same_names_and_values(tmp_path, demo_dir):
     env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
     try:
+        # /metrics on as at the defaults (any free port): the pushes come from the reader the scrape reads.
         p = subprocess.run(cli("train", "--steps", "12", "--out", str(tmp_path), "--set", "run.run_id=r",
-                               "--set", "telemetry.prometheus=false", "--set", "telemetry.otlp_export_interval_s=0.5"),
+                               "--set", "telemetry.prometheus_port=0", "--set", "telemetry.otlp_export_interval_s=0.5"),
                            capture_output=True, text=True, env=env, timeout=600)
     finally:
         server.shutdown()
@@ -139,7 +140,8 @@ def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     from grpo_sentinel.telemetry.otel import OTelSink
 
     dead = f"http://127.0.0.1:{free_port()}/v1/metrics"  # nothing listens there
-    sink = OTelSink(None, OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
+    # Beside a live /metrics, as at the defaults: one reader serves the scrape and pushes to the dead collector.
+    sink = OTelSink(("127.0.0.1", 0), OTLPMetricExporter(endpoint=dead, timeout=1), export_interval_s=0.2)
     cfg = load_config(None, ["run.sample_every=10"], **{"run.steps": 20})
     t0 = time.monotonic()
     result = Trainer(cfg, new_run(tmp_path, cfg), sinks=[sink]).run_to_end()

@@ -67,10 +67,15 @@ def heldout(n: int = 6) -> Eval:
                 answers=tuple(str(i) for i in range(n)), prompt_tokens=np.full(n, 2.0), generations=gens)
 
 
-def test_a_held_out_round_is_one_trace_per_prompt_and_the_sample_rate_thins_it():
+def test_a_held_out_round_traces_the_same_first_prompts_every_round_and_the_sample_rate_thins_them():
     refs = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(), "run", 1)
-    assert [t.index for t in refs] == list(range(400)) and {t.kind for t in refs} == {"eval"}
-    thinned = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(sample_rate=0.25), "run", 1)
+    assert [t.index for t in refs] == list(range(32)) and {t.kind for t in refs} == {"eval"}  # the default 32
+    later = plan(StepStats.partial(40, eval=heldout(400)), TracesSettings(), "run", 1)
+    assert [t.index for t in later] == list(range(32)) and not {t.trace_id for t in later} & {t.trace_id for t in refs}
+    every = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(eval_prompts=400), "run", 1)
+    assert [t.index for t in every] == list(range(400))
+    assert len(plan(StepStats.partial(20, eval=heldout(6)), TracesSettings(), "run", 1)) == 6  # a smaller set: all
+    thinned = plan(StepStats.partial(20, eval=heldout(400)), TracesSettings(eval_prompts=400, sample_rate=0.25), "run", 1)
     assert 60 < len(thinned) < 140  # ~100 of 400, chosen by trace id
 
 
@@ -149,6 +154,56 @@ def demo_like_dir():
     d = Path(tempfile.mkdtemp()) / "tiny-llama"
     d.mkdir()
     return d
+
+
+def test_spans_and_scores_go_in_batches_at_a_flush_after_a_while_and_at_the_end(langfuse, monkeypatch):
+    """A request per batch, not two per traced step: what is built waits for a flush, SEND_AFTER_S, or the end."""
+    from grpo_sentinel.telemetry import traces
+
+    requests: list[int] = []  # spans per span export
+
+    class Counting(InMemorySpanExporter):
+        def export(self, spans):
+            requests.append(len(spans))
+            return super().export(spans)
+
+    def scores_posts() -> int:
+        return sum(q["path"] == "/api/public/ingestion" for q in langfuse.requests)
+
+    sink = TraceSink(TracesSettings(train_every=1), Credentials("pk-lf-test", "sk-lf-test", langfuse.url),
+                     span_exporter=Counting())
+    sink.start(INFO)
+    for n in (1, 2, 3):  # one group of 8 a step (train_fraction 1/8): a root and G generations
+        s = step(n)
+        sink.on_step(replace(s, traces=sink.plan(s)))
+    sink.flush()
+    assert requests == [3 * (1 + G)] and scores_posts() == 1
+    monkeypatch.setattr(traces, "SEND_AFTER_S", 0.05)
+    s = step(4)
+    sink.on_step(replace(s, traces=sink.plan(s)))
+    assert wait_for(lambda: requests == [3 * (1 + G), 1 + G] and scores_posts() == 2, timeout=10)  # no flush
+    sink.close()
+    assert requests == [3 * (1 + G), 1 + G] and scores_posts() == 2  # nothing was left for the end
+    assert len(langfuse.scores) == 4 * 2 * G  # a reward and a verdict per generation
+
+
+def test_a_step_whose_traces_cannot_be_built_loses_only_its_own(langfuse, caplog):
+    memory = InMemorySpanExporter()
+    sink = TraceSink(TracesSettings(train_every=1), Credentials("pk-lf-test", "sk-lf-test", langfuse.url),
+                     span_exporter=memory)
+    sink.start(INFO)
+    good, later = step(1), step(3)
+    # A producer's bug: no greedy verdicts (the worker meets it after the first prompt's sampled generation).
+    ev = heldout(6)
+    ev = replace(ev, generations={**ev.generations, "greedy": replace(ev.generations["greedy"], correct=np.array([]))})
+    broken = StepStats.partial(2, eval=ev)
+    planned = [replace(s, traces=sink.plan(s)) for s in (good, broken, later)]
+    for s in planned:
+        sink.on_step(s)
+    sink.close()
+    sent = {f"{sp.context.trace_id:032x}" for sp in memory.get_finished_spans()}
+    assert sent == {t.trace_id for s in (planned[0], planned[2]) for t in s.traces}  # the batch's others, and after
+    assert "building the traces of step 2 failed" in caplog.text
 
 
 def test_a_model_is_named_by_its_hub_id_or_its_directory_never_a_path(tmp_path):
