@@ -58,7 +58,11 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     assert last("grpo_reward_sum") / last("grpo_reward_count") == pytest.approx(mean_reward, abs=1e-5)
     assert last("grpo_steps_total") == STEPS
     assert last("grpo_tokens_total") == pytest.approx(sum(float(r["response_len"]) * 64 for r in rows), abs=0.5)
-    assert query("last_over_time(ALERTS[10m])") == []  # the rules are loaded; a healthy run fires none
+    # The rules are loaded; a healthy run fires none of the pathology rows. reward_saturated is the success
+    # row ("stop early, keep the checkpoint"), and the warmed-up demo's training accuracy already runs at
+    # 0.85-0.97: whether its time-window mean crosses the threshold depends on which steps the window holds.
+    alerts = query("last_over_time(ALERTS[10m])")
+    assert [a["metric"]["alertname"] for a in alerts if a["metric"]["condition"] != "reward_saturated"] == []
     # ... and every rule evaluated without error on the real label sets (vector matching, divisions).
     groups = json.load(urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/rules"))["data"]["groups"]
     broken = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
