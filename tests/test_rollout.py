@@ -16,6 +16,8 @@ What is bit-identical and what is not:
   number falls within rounding distance of a boundary between two tokens.
 """
 
+import copy
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -236,7 +238,10 @@ def test_fused_training_forward_matches_peft_values_and_gradients(model, tokeniz
 
     peft_logits, peft_grads = run(torch.enable_grad())
     fused_logits, fused_grads = run(lora.fused(model))
-    torch.testing.assert_close(fused_logits, peft_logits, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the fused node folds the adapter into W: as close to the float64 values as peft's path
+        exact = copy.deepcopy(model).double()(input_ids=ids).logits
+    peft_error, fused_error = ((x.double() - exact).abs().max() for x in (peft_logits, fused_logits))
+    assert 0 < peft_error < 1e-4 and fused_error < 2 * peft_error, (fused_error, peft_error)
     assert peft_grads.keys() == fused_grads.keys() and len(peft_grads) == 2 * len(TARGETS) * model.config.num_hidden_layers
     for n, g in peft_grads.items():  # summation order differs: equal to float32 precision (~1e-6 of the norm)
         assert g.norm() > 0 and (fused_grads[n] - g).norm() / g.norm() < 1e-5, n
