@@ -15,6 +15,7 @@ checkpoints (which carry the session's book) and ranks.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import math
@@ -126,6 +127,8 @@ def resolve_model(cfg: Config, local_rank: int | None = None) -> ModelSource:
 
 def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SINGLE) -> Policy:
     src = source or resolve_model(cfg)
+    if torch.device(src.device).type == "cpu":
+        keep_freed_memory()
     base = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, cfg.model.dtype)).to(src.device)
     lora = cfg.model.lora
     torch.manual_seed(cfg.run.seed)  # LoRA A is randomly initialised: same seed, same run
@@ -137,6 +140,22 @@ def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SI
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, o.warmup_steps, cfg.run.steps, o.schedule))
     dist.same_as_rank0(trainable)  # seeded alike anyway; from here the same update keeps every rank identical
     return Policy(model, src.tokenizer, optimizer, scheduler, o.max_grad_norm)
+
+
+def keep_freed_memory() -> None:
+    """Training on the CPU: keep freed memory in the process, as the CUDA caching allocator does on a GPU.
+
+    glibc's malloc hands large blocks (128 KiB to 32 MiB, its threshold adapts) back to the kernel when they
+    are freed, so each step's activations are fresh pages that fault in one by one: ~5,000 page faults per
+    32-token demo step, 4-10 % of its CPU time (docs/performance.md). Blocks up to 32 MiB (glibc's largest
+    mmap threshold) now come from the heap, which is trimmed only above 1 GiB free. Elsewhere than glibc, a no-op.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
 
 
 def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world_size: int = 1) -> RunInfo:

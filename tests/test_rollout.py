@@ -16,6 +16,8 @@ What is bit-identical and what is not:
   number falls within rounding distance of a boundary between two tokens.
 """
 
+import copy
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -223,23 +225,29 @@ def test_rollout_masks_lengths_and_early_exit(demo_dir, tokenizer):
 
 
 def test_fused_training_forward_matches_peft_values_and_gradients(model, tokenizer):
+    """The fused node folds the adapter into W (W + s B A), peft computes W x + s B (A x): both round, differently.
+    Held to float64 (the same network in double precision): the fused values and gradients are as close to it
+    as peft's own, and the gradients of both are float32-close to it (~1e-5 of their norm through 4 layers)."""
     ids = tokenizer(PROMPTS, return_tensors="pt", padding=True)["input_ids"]
 
-    def run(ctx):
-        model.zero_grad(set_to_none=True)
-        model.train()
+    def run(net, ctx):
+        net.zero_grad(set_to_none=True)
+        net.train()
         with ctx:
-            logits = model(input_ids=ids).logits
-        (logits.float().log_softmax(-1)[..., 3]).sum().backward()
-        model.eval()
-        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+            logits = net(input_ids=ids).logits
+        (logits.double().log_softmax(-1)[..., 3]).sum().backward()
+        net.eval()
+        return logits.detach().double(), {n: p.grad.double() for n, p in net.named_parameters() if p.requires_grad}
 
-    peft_logits, peft_grads = run(torch.enable_grad())
-    fused_logits, fused_grads = run(lora.fused(model))
-    torch.testing.assert_close(fused_logits, peft_logits, rtol=1e-5, atol=1e-5)
-    assert peft_grads.keys() == fused_grads.keys() and len(peft_grads) == 2 * len(TARGETS) * model.config.num_hidden_layers
-    for n, g in peft_grads.items():  # summation order differs: equal to float32 precision (~1e-6 of the norm)
-        assert g.norm() > 0 and (fused_grads[n] - g).norm() / g.norm() < 1e-5, n
+    exact_logits, exact_grads = run(copy.deepcopy(model).double(), torch.enable_grad())
+    peft_logits, peft_grads = run(model, torch.enable_grad())
+    fused_logits, fused_grads = run(model, lora.fused(model))
+    peft_error, fused_error = ((x - exact_logits).abs().max() for x in (peft_logits, fused_logits))
+    assert 0 < peft_error < 1e-4 and fused_error < 2 * peft_error, (fused_error, peft_error)
+    assert exact_grads.keys() == fused_grads.keys() and len(exact_grads) == 2 * len(TARGETS) * model.config.num_hidden_layers
+    for n, g in exact_grads.items():  # a wrong gradient would be off by ~its norm
+        peft_error, fused_error = ((x[n] - g).norm() / g.norm() for x in (peft_grads, fused_grads))
+        assert g.norm() > 0 and peft_error < 1e-4 and fused_error < 1e-4, (n, fused_error, peft_error)
 
 
 def test_layers_peft_builds_differently_keep_peft_forward(demo_dir, tokenizer):

@@ -5,7 +5,7 @@ over the whole [tokens, out] output (and their backward), and a Python call that
 For the tiny models of the demo that overhead is most of a forward pass. Three stand-ins:
 
 - folded: W + s * B @ A in the base layer (sampling, no gradients): one matmul.
-- fused: one autograd node per projection, whose scale and add ride on addmm (training).
+- fused: one autograd node per projection, the adapter folded into its two big products (training).
 - off: the base layer alone (the reference pass), without toggling peft's adapter state.
 
 Each swaps modules in the network for the length of a `with` block and puts peft's layers back
@@ -131,28 +131,33 @@ class _FusedLoRA(torch.nn.Module):
 
 
 class _LoRAFunction(torch.autograd.Function):
-    """y = x W^T + b + s (x A^T) B^T. x [..., in], W [out, in], A [r, in], B [out, r]. W and b are frozen."""
+    """y = x (W + s B A)^T + b. x [..., in], W [out, in], A [r, in], B [out, r]. W and b are frozen.
+
+    The adapter is folded into the weight (W + s B A, an [out, r] x [r, in] product) for the two products
+    over all N tokens, y and dx: one matmul each, and no rank-r product or add over [N, out] in the forward.
+    The backward's rank-r products put r on the rows (A x^T, not x A^T): MKL runs [N, in] x [in, r] several
+    times slower than [r, in] x [in, N] (docs/performance.md). Same values and gradients as peft's
+    W x + b + s B (A x), rounded differently.
+    """
 
     @staticmethod
     def forward(ctx, x, W, b, A, B, scale):
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
-        h = x2 @ A.T  # [N, r]
-        y = torch.addmm(b, x2, W.T) if b is not None else x2 @ W.T  # [N, out]
-        y.addmm_(h, B.T, alpha=scale)  # the scale and the add without another pass over [N, out]
-        ctx.save_for_backward(x2, W, A, B, h)
+        folded = torch.addmm(W, B, A, alpha=scale)  # [out, in]; exactly W while B = 0
+        y = torch.addmm(b, x2, folded.T) if b is not None else x2 @ folded.T  # [N, out]
+        ctx.save_for_backward(x2, folded, A, B)
         ctx.scale, ctx.x_shape = scale, x.shape
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
-        x2, W, A, B, h = ctx.saved_tensors
+        x2, folded, A, B = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # [N, out]
-        gh = g @ B  # [N, r]: the gradient at A x, before the scale
         dx = dA = dB = None
         if ctx.needs_input_grad[0]:
-            dx = (g @ W).addmm_(gh, A, alpha=ctx.scale).view(ctx.x_shape)
+            dx = (g @ folded).view(ctx.x_shape)  # g W + s (g B) A
         if ctx.needs_input_grad[3]:
-            dA = (gh.T @ x2).mul_(ctx.scale)  # [r, in]
+            dA = ((B.T @ g.T) @ x2).mul_(ctx.scale)  # s (g B)^T x: [r, N] x [N, in]
         if ctx.needs_input_grad[4]:
-            dB = (g.T @ h).mul_(ctx.scale)  # [out, r]
+            dB = ((A @ x2.T) @ g).T.mul_(ctx.scale)  # s g^T (x A^T): ([r, N] x [N, out])^T
         return dx, None, None, dA, dB, None
