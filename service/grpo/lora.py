@@ -145,17 +145,19 @@ class _LoRAFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])  # [N, in]
         folded = torch.addmm(W, B, A, alpha=scale)  # [out, in]; exactly W while B = 0
         y = torch.addmm(b, x2, folded.T) if b is not None else x2 @ folded.T  # [N, out]
-        ctx.save_for_backward(x2, folded, A, B)
+        # Not `folded`: a weight-sized copy per projection held to the backward (a model's worth of
+        # weights on a large one); refolding there is one [out, r] x [r, in] product.
+        ctx.save_for_backward(x2, W, A, B)
         ctx.scale, ctx.x_shape = scale, x.shape
         return y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad):
-        x2, folded, A, B = ctx.saved_tensors
+        x2, W, A, B = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])  # [N, out]
         dx = dA = dB = None
         if ctx.needs_input_grad[0]:
-            dx = (g @ folded).view(ctx.x_shape)  # g W + s (g B) A
+            dx = (g @ torch.addmm(W, B, A, alpha=ctx.scale)).view(ctx.x_shape)  # g W + s (g B) A
         if ctx.needs_input_grad[3]:
             dA = ((B.T @ g.T) @ x2).mul_(ctx.scale)  # s (g B)^T x: [r, N] x [N, in]
         if ctx.needs_input_grad[4]:
