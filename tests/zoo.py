@@ -384,13 +384,18 @@ def report_plateau_150(rng):
     return _plateau(rng, 150, 120.0)
 
 
-def report_noisy_eval_30(rng):
-    """Evaluated every 10 steps on 30 problems."""
+def _evaluated(rng, n: int, every: int) -> dict[str, np.ndarray]:
+    """A healthy run evaluated every `every` steps on `n` problems (binomial draws of its true accuracy)."""
     s = _healthy(rng)
     s["sample_acc"][:] = np.nan
-    s["sample_acc"][9::10] = rng.binomial(30, s["_acc_true"][9::10]) / 30
-    s["_eval_n"] = np.array([30.0])
+    s["sample_acc"][every - 1 :: every] = rng.binomial(n, s["_acc_true"][every - 1 :: every]) / n
+    s["_eval_n"] = np.array([float(n)])
     return s
+
+
+def report_noisy_eval_30(rng):
+    """Evaluated every 10 steps on 30 problems."""
+    return _evaluated(rng, 30, every=10)
 
 
 # Report set 2 (issue 22, after the escalation): the first report set was seen failing and two detectors
@@ -414,11 +419,7 @@ def new_loss_exp_x20(rng):
 
 def new_noisy_eval_20_every5(rng):
     """Evaluated every 5 steps on 20 problems."""
-    s = _healthy(rng)
-    s["sample_acc"][:] = np.nan
-    s["sample_acc"][4::5] = rng.binomial(20, s["_acc_true"][4::5]) / 20
-    s["_eval_n"] = np.array([20.0])
-    return s
+    return _evaluated(rng, 20, every=5)
 
 
 def new_plateau_100_slow(rng):
@@ -571,11 +572,7 @@ def h3_entropy_rise_settle(rng):
 
 def h3_noisy_eval_25_every25(rng):
     """Healthy, evaluated every 25 steps on 25 problems."""
-    s = _healthy(rng)
-    s["sample_acc"][:] = np.nan
-    s["sample_acc"][24::25] = rng.binomial(25, s["_acc_true"][24::25]) / 25
-    s["_eval_n"] = np.array([25.0])
-    return s
+    return _evaluated(rng, 25, every=25)
 
 
 def h3_loss_linear_x30(rng):
