@@ -599,6 +599,164 @@ REPORT3_HEALTHY = (h3_kl_rise_plateau, h3_lengths_grow_stabilise, h3_entropy_ris
 REPORT3_SEEDS = range(3000, 3300)
 SLOW_REPORT3_SEEDS = range(3000, 3020)
 
+
+# Report set 4 (issue 22, fourth pass): again new shapes of each slow pathology and new healthy families,
+# written and committed before any detector ran on them (seeds 4000-4299; the pathologies' 4000-4019).
+# Damage as above: the noise-free held-out accuracy 10 % below its running peak.
+
+
+def _logistic(centre: float, width: float) -> np.ndarray:
+    """0 -> 1 along a logistic curve centred at step `centre`, `width` steps per e-fold."""
+    return 1 / (1 + np.exp(-(np.arange(N, dtype=float) - centre) / width))
+
+
+def r4_length_sigmoid(rng):
+    """Lengths rise to the cap along a logistic curve centred 50 steps after the onset (a slow start, a fast
+    middle, a flat end); the capped share follows to 90 %; the accuracy falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 70))
+    rise = _logistic(ONSET + 50, 12)
+    x = np.clip((rise - rise[ONSET]) / (1 - rise[ONSET]), 0, 1)  # 0 at the onset
+    s["response_len"] = 3.5 + (0.95 * MAX_NEW - 3.5) * x + 0.1 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.9 * x) / (P * G)
+    return s
+
+
+def r4_length_noisy_creep(rng):
+    """Lengths creep linearly from the onset to 95 % of the cap with a noisy mean length (sd 2 tokens a step);
+    the capped share to 85 %; the accuracy falls from 50 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 50))
+    s["response_len"] = _ramp(3.5, 0.95 * MAX_NEW) + 2.0 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, np.clip(_ramp(0.0, 0.85), 0, 1)) / (P * G)
+    return s
+
+
+def r4_kl_linear_then_exp(rng):
+    """KL first grows linearly from the onset (+0.002 a step), then, 30 steps in, exponentially (doubling every
+    ~12 steps); the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 60))
+    t = np.arange(N, dtype=float)
+    lin = np.where(t >= ONSET, 0.002 * (t - ONSET), 0.0)
+    exp = np.where(t >= ONSET + 30, 0.02 * (np.exp((t - ONSET - 30) / 17.0) - 1), 0.0)
+    s["kl"] = s["kl"] + lin + exp
+    return s
+
+
+def r4_kl_exp_elevated(rng):
+    """A run whose KL already sits high (~0.15, noisy) grows exponentially from the onset (from 0.02, doubling
+    every ~14 steps); the accuracy falls from 55 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 55))
+    t = np.arange(N)
+    s["kl"] = 0.15 * (1 + 0.15 * rng.standard_normal(N)) + np.where(t >= ONSET, 0.02 * np.exp((t - ONSET) / 20.0), 0.0)
+    return s
+
+
+def r4_loss_exp_late_fast(rng):
+    """A fast exponential blow-up (x10 every ~25 steps) from step 200; the accuracy falls from step 230."""
+    s = _with_p(rng, _decline(0.6, 0.15, 80))
+    t = np.arange(N)
+    grow = np.where(t >= 200, 0.002 * np.exp((t - 200) / 11.0), 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    s["_onset"] = np.array([200.0])
+    return s
+
+
+def r4_loss_exp_heavy_base(rng):
+    """A loss whose healthy noise is already heavy (Student t, 2 dof, 3x the usual scale) blows up from the
+    onset (x10 every ~35 steps); the accuracy falls from 45 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 45))
+    t = np.arange(N)
+    s["loss"] = 0.04 * s["kl"] + 0.006 * rng.standard_t(2, N)
+    grow = np.where(t >= ONSET, 0.002 * np.exp((t - ONSET) / 15.0), 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    return s
+
+
+def r4_entropy_step_creep(rng):
+    """Entropy steps up at the onset (0.6 -> 0.8) and creeps on to 1.6 with the reward flat; the reward and the
+    accuracy fall from 60 steps after the onset."""
+    p = np.full(N, 0.45)
+    p[ONSET + 60 :] = np.linspace(0.45, 0.2, N - ONSET - 60)
+    s = _with_p(rng, p)
+    on = np.arange(N) >= ONSET
+    s["entropy"] = np.where(on, 0.8 + 0.8 * _ease(ONSET), 0.6) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def r4_format_slow_rise(rng):
+    """A gameable format reward rises slowly from the onset (0.5 -> 1.0 over 150 steps) while the verifier's
+    acceptance falls linearly (to 0.2 at the end); held-out sees it ~20 steps later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    p[ONSET:] = np.linspace(p[ONSET], 0.2, N - ONSET)
+    lag = np.concatenate([np.full(20, p[0]), p[:-20]])
+    s = _with_p(rng, lag)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, np.clip(_ramp(0.5, 1.0), 0, 1)) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
+    return s
+
+
+def h4_loss_sqrt_x10(rng):
+    """Healthy, with a loss scale growing tenfold over the run along a square root (fastest at the start)."""
+    s = _healthy(rng)
+    s["loss"] = (0.04 * s["kl"] + 0.002 * rng.standard_normal(N)) * (1 + 9 * np.sqrt(np.arange(N) / (N - 1)))
+    return s
+
+
+def h4_loss_t2(rng):
+    """Healthy, with a loss noise of infinite variance (Student t, 2 dof)."""
+    s = _healthy(rng)
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_t(2, N)
+    return s
+
+
+def h4_entropy_dip_recover(rng):
+    """Healthy: the entropy dips early (0.6 -> 0.45 over 50 steps) and recovers to 0.55 by step 150."""
+    s = _healthy(rng)
+    t = np.arange(N, dtype=float)
+    s["entropy"] = np.where(t < 50, 0.6 - 0.15 * t / 50, 0.45 + 0.1 * np.clip((t - 50) / 100, 0, 1))
+    s["entropy"] = s["entropy"] + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def h4_kl_jump_settle(rng):
+    """Healthy: the KL jumps to ~0.15 within 30 steps (a high learning rate's first updates), then grows slowly."""
+    s = _healthy(rng)
+    t = np.arange(1, N + 1, dtype=float)
+    s["kl"] = (0.15 * (1 - np.exp(-t / 10)) + 0.05 * t / N) * (1 + 0.1 * rng.standard_normal(N))
+    return s
+
+
+def h4_lengths_shrink(rng):
+    """Healthy: completions shorten from 20 to 8 tokens over the first 100 steps (the run learns to be concise);
+    the capped share from 3 % to 0."""
+    s = _healthy(rng)
+    x = np.clip(np.arange(N) / 100, 0, 1)
+    s["response_len"] = 20 - 12 * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.03 * (1 - x)) / (P * G)
+    return s
+
+
+def h4_late_learner(rng):
+    """Healthy: the reward is flat at 0.15 for 100 steps, then learned within ~40 steps to 0.55 (a late start);
+    evaluated every 10 steps on 100 problems."""
+    s = _with_p(rng, 0.15 + 0.4 * _logistic(120, 8))
+    acc = np.full(N, np.nan)
+    acc[9::10] = rng.binomial(100, s["_acc_true"][9::10]) / 100
+    s["sample_acc"], s["_eval_n"] = acc, np.array([100.0])
+    return s
+
+
+REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
+                r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
+REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
+                   h4_late_learner)
+REPORT4_SEEDS = range(4000, 4300)
+SLOW_REPORT4_SEEDS = range(4000, 4020)
+
 SEEN_HEALTHY = (healthy_t3_loss, healthy_growing_loss, healthy_plateau_rise, healthy_noisy_eval)
 REPORT_HEALTHY = (report_t3_growing, report_t3_noisy, report_growing_x10, report_plateau_60, report_plateau_150,
                   report_noisy_eval_30)
