@@ -108,24 +108,24 @@ def test_a_step_with_no_scored_sample_is_a_fault_and_repeated_faults_halt(tmp_pa
 FAULTS_PER_STEP = """
 import resource, sys, torch
 from grpo_sentinel.service.trainer import keep_freed_memory
-if sys.argv[1] == "kept":
-    keep_freed_memory()
+keep_freed_memory()
 x = torch.ones(64, 32, 512)  # a 32-token step's MLP activation: 4 MiB
 counts = []
-for _ in range(4):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     y = (x * x) * x  # two 4 MiB temporaries, freed again
     del y
     counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(counts[-1])
+print(sum(counts[6:]))
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_training_on_the_cpu_reuses_freed_memory_without_page_faults():
-    faults = {how: int(subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, how], capture_output=True, text=True,
-                                      check=True).stdout) for how in ("default", "kept")}
-    if faults["default"] < 1024:  # seen once in CI: glibc's adaptive mmap threshold had already kept the block
-        pytest.skip(f"the default allocator did not hand the block back ({faults}): nothing to compare against")
-    # glibc's default: a freed 4 MiB block goes back, each 4 KiB page faults in again; kept: none do
-    assert faults["kept"] < 16, faults
+    # glibc's default is layout-dependent (its adaptive mmap and trim thresholds): in about a third of the
+    # processes the two freed blocks coalesce at the heap's top and are trimmed, and each step's 1,024 + 1,024
+    # pages fault in again, for ever; in the others the heap settles. Kept, every process settles within a few
+    # steps (growing the heap faults once). Three processes, so a no-op would be caught most of the time.
+    steady = [int(subprocess.run([sys.executable, "-c", FAULTS_PER_STEP], capture_output=True, text=True,
+                                 check=True).stdout) for _ in range(3)]
+    assert max(steady) < 16, steady  # faults over steps 7-12 of each process
