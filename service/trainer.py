@@ -21,6 +21,7 @@ import logging
 import math
 import shutil
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -132,8 +133,10 @@ def build_policy(cfg: Config, source: ModelSource | None = None, dist: Dist = SI
     base = AutoModelForCausalLM.from_pretrained(src.path, dtype=getattr(torch, cfg.model.dtype)).to(src.device)
     lora = cfg.model.lora
     torch.manual_seed(cfg.run.seed)  # LoRA A is randomly initialised: same seed, same run
-    model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    with warnings.catch_warnings():  # peft <= 0.21 reads a property transformers 5 deprecated: not the user's to fix
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+        model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     o = cfg.optim
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
