@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _trend, diagnose
+from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _line_rise, _trend, diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.lead import lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
@@ -119,6 +119,45 @@ def test_trend_and_forecast_arithmetic():
     # estimated from 39 differences has (0.26 % measured here).
     assert 1e-3 < mask.mean() < 3.5e-3
 
+
+
+def test_line_rise_arithmetic_and_its_carried_sums():
+    """_line_rise: on an exact line 0.2 + 0.001 t the rise over rows 0..i is 0.001 i, and its SE per unit of
+    noise is i / sqrt(sum (t - mean t)^2) = i / sqrt((i + 1)((i + 1)^2 - 1) / 12). Carried across calls (the
+    monitor's tail), the sums give the same numbers as one pass over the whole run."""
+    t = np.arange(100, dtype=float)
+    x = 0.2 + 0.001 * t
+    log = RunLog({"step": t + 1, "reward": x}, "line", "sentinel")
+    rise, se = _line_rise(_Ctx(log, Thresholds()), x, "k")
+    i = t[2:]
+    assert np.isnan(rise[:2]).all() and np.allclose(rise[2:], 0.001 * i)
+    assert np.allclose(se[2:], i / np.sqrt((i + 1) * ((i + 1) ** 2 - 1) / 12))
+    state = {}
+    _line_rise(_Ctx(RunLog({"step": t[:60] + 1, "reward": x[:60]}, "head", "sentinel"), Thresholds(), state=state),
+               x[:60], "k")
+    tail = RunLog({"step": t[50:] + 1, "reward": x[50:]}, "tail", "sentinel")  # rows 50-99; 50-59 seen before
+    r2, s2 = _line_rise(_Ctx(tail, Thresholds(), start=10, state=state, offset=50), x[50:], "k")
+    assert np.allclose(r2[10:], rise[60:]) and np.allclose(s2[10:], se[60:])
+
+
+def test_no_progress_pages_a_flat_reward_not_a_noisy_modest_rise():
+    """The demo's shape (seed 0 of `grpo-sentinel train`, 2026-12-02): a 7-step window, a per-step reward sd of
+    ~0.13 and a rise of ~0.09 over 300 steps. Its best 7-step mean never stands 3 SE (3 sqrt 2 0.13 / sqrt 7 =
+    0.21) above the first, so "never rose" alone paged it at step 70 (10 windows); its line's rise is not
+    confidently below reward_drop (0.05): no page. The same noise, flat, for 1,500 steps: the rise's 3-SE bound
+    is 3 x 0.13 x sqrt(12 / n) below 0.05 from n ~ 730 steps on: paged there, not before."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1500, dtype=float)
+    th = Thresholds(window=7)
+
+    def run(level):
+        reward = np.clip(level + 0.13 * rng.standard_normal(len(level)), 0, 1)
+        return RunLog({"step": t[:len(level)] + 1, "reward": reward}, "demo-like", "sentinel")
+
+    rising = run(0.78 + 0.09 * (1 - np.exp(-t[:300] / 60)))
+    assert "no_progress" not in {c.id for c in diagnose(rising, th).conditions}
+    flat = [c for c in diagnose(run(np.full(1500, 0.8)), th).conditions if c.id == "no_progress"]
+    assert flat and 500 < flat[0].first_step < 1100, [(c.first_step, c.evidence) for c in flat]
 
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall

@@ -40,8 +40,9 @@ TRAINER_SIDE = {
                     "do not carry",
     "correctness_drop": "a CUSUM of training correctness against its running peak, over every step (as entropy_drift)",
     "all_wrong_rising": "a CUSUM of the all-wrong share against its early level, over every step (as entropy_drift)",
-    "no_progress": "it compares the reward's best window mean since the start with the run's first window, in units of "
-                   "the early noise: a state over the whole run that PromQL does not keep",
+    "no_progress": "it compares the reward's best window mean since the start with the run's first window, and fits a "
+                   "line to every step since the start, in units of the early noise: a state over the whole run that "
+                   "PromQL does not keep",
     "zero_gradient": "it needs the gradient norm exactly 0 on every step of a window; a scrape sees one step in many, "
                      "and a non-zero step between scrapes would pass unseen",
     "kl_offset": "it compares the KL with the run's own early KL, which only the trainer has (its first steps)",

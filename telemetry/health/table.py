@@ -255,7 +255,8 @@ TABLE += [
     Row(
         "no_progress",
         "warning",
-        "the reward's best window mean never rose beyond its noise above its first window, for several windows, whatever the KL",
+        "the reward's best window mean never rose beyond its noise above its first window, and its line since the start "
+        "is flat within its noise (the rise's 3-SE upper bound below reward_drop), for several windows, whatever the KL",
         "nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)",
         "open a few generations and their rewards; check the reward function pays on a known-good "
         "answer; raise the LR or lower beta",

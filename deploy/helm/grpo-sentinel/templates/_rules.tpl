@@ -720,7 +720,7 @@ groups:
       condition: no_progress
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: no_progress (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, and its line since the start is flat within its noise (the rise''s 3-SE upper bound below reward_drop), for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, and fits a line to every step since the start, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)'
       action: open a few generations and their rewards; check the reward function pays on a known-good answer; raise the LR or lower beta
       runbook_url: '{{ $runbook }}#no_progress'
@@ -2754,7 +2754,7 @@ groups:
     title: GRPONoProgress
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: no_progress (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports no_progress (signals: the reward''s best window mean never rose beyond its noise above its first window, and its line since the start is flat within its noise (the rise''s 3-SE upper bound below reward_drop), for several windows, whatever the KL). PromQL cannot express it: it compares the reward''s best window mean since the start with the run''s first window, and fits a line to every step since the start, in units of the early noise: a state over the whole run that PromQL does not keep. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'nothing is learned: LR too low, a reward that never pays, a task far too hard, a reference too close (beta too large)'
       action: open a few generations and their rewards; check the reward function pays on a known-good answer; raise the LR or lower beta
       runbook_url: '{{ $runbook }}#no_progress'
