@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _trend, diagnose
+from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _loss_rate_falls, _trend, diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.lead import lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
@@ -118,6 +118,40 @@ def test_trend_and_forecast_arithmetic():
     # A one-sided 3-SE tail: 1.3e-3 for a known SE, 2.4e-3 for Student t with the ~38 degrees of freedom an SE
     # estimated from 39 differences has (0.26 % measured here).
     assert 1e-3 < mask.mean() < 3.5e-3
+
+
+def test_loss_rate_falls_reads_the_growth_shape():
+    """_loss_rate_falls on |loss| scales without noise (a constant |N| draw would only move the medians
+    together): a linear ramp 1 -> 30 grows by 2.4x from block 0 to 1 and by less per step since, so its
+    rate falls on every row of block 2 from w rows in; a scale whose log grows quadratically (its rate
+    rising) never falls, nor does one flat until 170 and exponential after, at block 4. (A pure
+    exponential's rates are equal, left to rounding by the strict test: the shape only decides whether the
+    last block's maximum must be passed too, which such a blow-up passes.)"""
+    t = np.arange(300, dtype=float)
+
+    def falls(scale):
+        return _loss_rate_falls(_Ctx(RunLog({"step": t + 1, "loss": scale}, "shape", "sentinel"), Thresholds()))
+
+    w = Thresholds().window
+    assert falls(np.linspace(1, 30, 300))[100 + w - 1:150].all()
+    assert not falls(np.exp((t / 60.0) ** 2))[100:].any()
+    assert not falls(np.where(t < 170, 1.0, np.exp((t - 170) / 20.0)))[200 + w - 1:250].any()
+    assert not falls(np.linspace(1, 30, 300))[:100 + w - 1].any()  # not read before w rows of the block
+
+
+def test_loss_blowup_spares_a_linear_loss_scale():
+    """A healthy loss scale growing 30x linearly (zoo h3_loss_linear_x30) grows 10x in its first 100 steps,
+    a blow-up's rate, and loss_blowup paged 4 of seeds 3000-3099 before the shape was read (third pass);
+    the exponential and cubic blow-ups keep their critical before the damage."""
+    paged = sum(any(c.id == "loss_blowup" for c in diagnose(zoo.make(zoo.h3_loss_linear_x30, seed)).conditions)
+                for seed in range(3000, 3100))
+    assert paged <= 1, paged
+    for gen in (zoo.loss_blowup, zoo.r3_loss_power):
+        for seed in range(3):
+            _, damage = zoo.truth(gen, seed)
+            first = [c.first_step for c in diagnose(zoo.make(gen, seed)).conditions
+                     if c.id == "loss_blowup" and c.severity == "critical"]
+            assert first and first[0] < damage, (gen.__name__, seed, first, damage)
 
 
 def test_plain_book_run_late_decline_and_loss_blowup():
