@@ -154,6 +154,15 @@ def test_loss_blowup_spares_a_linear_loss_scale():
             assert first and first[0] < damage, (gen.__name__, seed, first, damage)
 
 
+def test_entropy_drift_needs_the_entropy_still_rising():
+    """An entropy that rose early (0.6 -> 1.1 over 80 steps, inside and past the 2-window baseline) and settled
+    there (zoo h3_entropy_rise_settle) warned all 300 runs before the trend was read (third pass): a level
+    held is not a creep. A chance 3-SE trend still passes sometimes (17 of 300, fourth pass)."""
+    warned = sum(any(c.id == "entropy_drift" for c in diagnose(zoo.make(zoo.h3_entropy_rise_settle, seed)).conditions)
+                 for seed in range(3000, 3050))
+    assert warned <= 8, warned
+
+
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall
     on MATH-500 where the standard error is ~2.2 points, while the reward falls too: late_degradation,

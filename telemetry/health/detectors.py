@@ -582,7 +582,14 @@ def entropy_rows(c: _Ctx) -> None:
     # entropy_drift, and only while the reward is not rising: entropy rising with it is exploration.
     allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
     s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
-    alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+    # Drift is the entropy still rising now (fourth pass): the baseline is the first 2 windows, and a run
+    # whose entropy rose early and settled higher (zoo h3_entropy_rise_settle) stays above it for good; a
+    # level reached and held is not a creep, and the CUSUM alone cannot tell (it never comes back down).
+    # "Rising" is the 2w least-squares trend up beyond FORECAST_Z standard errors (_trend, as the forecast
+    # reads a trend): a 2-SE difference of means passed by chance on 38 % of the settled runs.
+    e_trend, _, e_se = _trend(e, 2 * w)
+    alarm = ((s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+             & (e_trend > FORECAST_Z * e_se))
     # No held stage (see _escalate): entropy rising is not damage by itself, and the authors' stable 7_4
     # run ends with its entropy 5x its baseline, still rising (held, it paged at step 492). Its forecast
     # stage needs the damage's own sign: the reward turning down (its 2w trend falling beyond 3 SE, on a
@@ -691,17 +698,11 @@ def _forecast(c: _Ctx, x: np.ndarray, level, sign: float) -> tuple[np.ndarray, n
 def _reward_rising(c: _Ctx, sign: float = 1.0) -> np.ndarray:
     """The reward's 2w moving mean above (sign -1: below) its value 2w steps earlier by more than twice
     the noise of that difference (each mean has SE sd / sqrt(2w))."""
-    return _rising(c, "reward", sign)
-
-
-def _rising(c: _Ctx, name: str, sign: float = 1.0) -> np.ndarray:
-    """[N] signal `name`'s 2w moving mean above (sign -1: below) its value 2w steps earlier by more than
-    twice the noise of that difference (each mean has SE sd / sqrt(2w)); False where it is not logged."""
-    if not c.has(name):
+    if not c.has("reward"):
         return np.zeros(c.n, dtype=bool)
     w2 = 2 * c.w
-    ma = c.ma(name, w2)
-    se = c.sd(name, w2) / math.sqrt(w2)
+    ma = c.ma("reward", w2)
+    se = c.sd("reward", w2) / math.sqrt(w2)
     return sign * (ma - _shift(ma, w2)) > 2 * math.sqrt(2) * se
 
 
