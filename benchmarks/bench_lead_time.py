@@ -14,7 +14,9 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   changed after), report set 2 (zoo.REPORT2_HEALTHY, seeds 2000-2299; pathology seeds 2000-2019:
   declared before any detector ran on them, then seen and fitted on in the third pass) and report set 3
   (zoo.REPORT3_SLOW, new shapes of the slow pathologies, seeds 3000-3019; zoo.REPORT3_HEALTHY, seeds
-  3000-3299: committed before any detector ran on them);
+  3000-3299: committed before any detector ran on them, measured once, then seen and fitted on in the
+  fourth pass) and report set 4 (zoo.REPORT4_SLOW, seeds 4000-4019; zoo.REPORT4_HEALTHY, seeds
+  4000-4299: committed before any detector ran on them);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
@@ -358,7 +360,11 @@ def main() -> None:
         # Report set 3 (third pass): new shapes of the slow pathologies and new healthy families, committed
         # before any detector ran on them; the fit set and report sets 1-2 (now seen) were fitted on.
         report["zoo_report3"] = held3 = zoo_table(zoo.SLOW_REPORT3_SEEDS[:args.seeds], zoo.REPORT3_SLOW)
-        print_zoo(held3, "report set 3 (new shapes), seeds 3000-%d" % (2999 + min(args.seeds, len(zoo.SLOW_REPORT3_SEEDS))))
+        print_zoo(held3, "report set 3 (new shapes, seen), seeds 3000-%d" % (2999 + min(args.seeds, len(zoo.SLOW_REPORT3_SEEDS))))
+        # Report set 4 (fourth pass): declared (commit dca79f6) before any detector ran on it; report set 3
+        # is seen now and was fitted on, with the fit set and report sets 1-2.
+        report["zoo_report4"] = held4 = zoo_table(zoo.SLOW_REPORT4_SEEDS[:args.seeds], zoo.REPORT4_SLOW)
+        print_zoo(held4, "report set 4 (new shapes), seeds 4000-%d" % (3999 + min(args.seeds, len(zoo.SLOW_REPORT4_SEEDS))))
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
         report["false_pages"] = fp = false_pages(zoo.FIT_HEALTHY, zoo.FIT_SEEDS[:runs])
         print_false_pages(fp, "fit set")
@@ -367,7 +373,9 @@ def main() -> None:
         report["false_pages_report2"] = fp_report2 = false_pages(zoo.REPORT2_HEALTHY, zoo.REPORT2_SEEDS[:runs])
         print_false_pages(fp_report2, "report set 2")
         report["false_pages_report3"] = fp_report3 = false_pages(zoo.REPORT3_HEALTHY, zoo.REPORT3_SEEDS[:runs])
-        print_false_pages(fp_report3, "report set 3")
+        print_false_pages(fp_report3, "report set 3 (seen)")
+        report["false_pages_report4"] = fp_report4 = false_pages(zoo.REPORT4_HEALTHY, zoo.REPORT4_SEEDS[:runs])
+        print_false_pages(fp_report4, "report set 4")
         from benchmarks import bench_wild
 
         report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))

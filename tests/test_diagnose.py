@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zoo
-from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _line_rise, _trend, diagnose
+from grpo_sentinel.telemetry.health.detectors import _Ctx, _forecast, _line_rise, _loss_rate_falls, _trend, diagnose
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
 from grpo_sentinel.telemetry.health.lead import lead_time
 from grpo_sentinel.telemetry.health.runlog import RunLog
@@ -120,7 +120,6 @@ def test_trend_and_forecast_arithmetic():
     assert 1e-3 < mask.mean() < 3.5e-3
 
 
-
 def test_line_rise_arithmetic_and_its_carried_sums():
     """_line_rise: on an exact line 0.2 + 0.001 t the rise over rows 0..i is 0.001 i, and its SE per unit of
     noise is i / sqrt(sum (t - mean t)^2) = i / sqrt((i + 1)((i + 1)^2 - 1) / 12). Carried across calls (the
@@ -158,6 +157,50 @@ def test_no_progress_pages_a_flat_reward_not_a_noisy_modest_rise():
     assert "no_progress" not in {c.id for c in diagnose(rising, th).conditions}
     flat = [c for c in diagnose(run(np.full(1500, 0.8)), th).conditions if c.id == "no_progress"]
     assert flat and 500 < flat[0].first_step < 1100, [(c.first_step, c.evidence) for c in flat]
+
+
+def test_loss_rate_falls_reads_the_growth_shape():
+    """_loss_rate_falls on |loss| scales without noise (a constant |N| draw would only move the medians
+    together): a linear ramp 1 -> 30 grows by 2.4x from block 0 to 1 and by less per step since, so its
+    rate falls on every row of block 2 from w rows in; a scale whose log grows quadratically (its rate
+    rising) never falls, nor does one flat until 170 and exponential after, at block 4. (A pure
+    exponential's rates are equal, left to rounding by the strict test: the shape only decides whether the
+    last block's maximum must be passed too, which such a blow-up passes.)"""
+    t = np.arange(300, dtype=float)
+
+    def falls(scale):
+        return _loss_rate_falls(_Ctx(RunLog({"step": t + 1, "loss": scale}, "shape", "sentinel"), Thresholds()))
+
+    w = Thresholds().window
+    assert falls(np.linspace(1, 30, 300))[100 + w - 1:150].all()
+    assert not falls(np.exp((t / 60.0) ** 2))[100:].any()
+    assert not falls(np.where(t < 170, 1.0, np.exp((t - 170) / 20.0)))[200 + w - 1:250].any()
+    assert not falls(np.linspace(1, 30, 300))[:100 + w - 1].any()  # not read before w rows of the block
+
+
+def test_loss_blowup_spares_a_linear_loss_scale():
+    """A healthy loss scale growing 30x linearly (zoo h3_loss_linear_x30) grows 10x in its first 100 steps,
+    a blow-up's rate, and loss_blowup paged 4 of seeds 3000-3099 before the shape was read (third pass);
+    the exponential and cubic blow-ups keep their critical before the damage."""
+    paged = sum(any(c.id == "loss_blowup" for c in diagnose(zoo.make(zoo.h3_loss_linear_x30, seed)).conditions)
+                for seed in range(3000, 3100))
+    assert paged <= 1, paged
+    for gen in (zoo.loss_blowup, zoo.r3_loss_power):
+        for seed in range(3):
+            _, damage = zoo.truth(gen, seed)
+            first = [c.first_step for c in diagnose(zoo.make(gen, seed)).conditions
+                     if c.id == "loss_blowup" and c.severity == "critical"]
+            assert first and first[0] < damage, (gen.__name__, seed, first, damage)
+
+
+def test_entropy_drift_needs_the_entropy_still_rising():
+    """An entropy that rose early (0.6 -> 1.1 over 80 steps, inside and past the 2-window baseline) and settled
+    there (zoo h3_entropy_rise_settle) warned all 300 runs before the trend was read (third pass): a level
+    held is not a creep. A chance 3-SE trend still passes sometimes (17 of 300, fourth pass)."""
+    warned = sum(any(c.id == "entropy_drift" for c in diagnose(zoo.make(zoo.h3_entropy_rise_settle, seed)).conditions)
+                 for seed in range(3000, 3050))
+    assert warned <= 8, warned
+
 
 def test_plain_book_run_late_decline_and_loss_blowup():
     """ch06 (no KL, no clipping): accuracy peaks at 46.2 % (step 50) and ends at 33 %, a 13-point fall

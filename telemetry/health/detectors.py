@@ -321,6 +321,41 @@ def _loss_lag(c: _Ctx, lag: int) -> np.ndarray:
     return c.row - (np.maximum(c.row // lw - lag, 0) * lw + (lw - 1) / 2)
 
 
+def _loss_so_far(c: _Ctx) -> tuple[np.ndarray, np.ndarray]:
+    """[N] (count, median) of the non-zero |loss| from the start of the row's own `loss_window` block to
+    the row; NaN median where that block began before these rows (the monitor's tail)."""
+    lw = c.th.loss_window
+    a = np.abs(c.s["loss"])
+    a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
+    count, med = np.zeros(c.n), np.full(c.n, np.nan)
+    for i in range(c.n):
+        k0 = i - int(c.row[i] % lw)  # the block's first row, in these rows
+        if k0 < 0:
+            continue
+        x = a[k0:i + 1]
+        count[i] = np.isfinite(x).sum()
+        if count[i]:
+            med[i] = np.nanmedian(x)
+    return count, med
+
+
+def _loss_rate_falls(c: _Ctx) -> np.ndarray:
+    """[N] the |loss| scale's relative growth rate falling: log(median so far in this block / the last
+    block's median) per step, over the steps between their centres, below log(last block's median / the
+    one before's) per `loss_window` steps. Read from at least w updates of the row's block; False where
+    it cannot be read (the test then stays as it was)."""
+    lw = c.th.loss_window
+    _, m1, _ = _loss_blocks(c, 1)
+    _, m0, _ = _loss_blocks(c, 2)
+    k, mp = _loss_so_far(c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        before = np.log(m1 / m0) / lw
+        d = (c.row % lw) / 2 + (lw + 1) / 2  # the centre of the rows so far minus the last block's centre
+        now = np.log(mp / m1) / d
+    # Blocks 0 and 1 have no two distinct blocks before them (_loss_blocks clamps at block 0).
+    return (c.row // lw >= 2) & (k >= c.w) & np.isfinite(before) & np.isfinite(now) & (now < before)
+
+
 def loss_spike(c: _Ctx) -> None:
     """One update whose |loss| is `loss_spike_factor` (100) times the median |loss| of the block before:
     two orders of magnitude over the loss's recent scale, which a median tracks and one spike does
@@ -387,7 +422,15 @@ def loss_blowup(c: _Ctx) -> None:
     p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
     informative = (c.row >= c.th.loss_window) & (n0 >= 5) & np.isfinite(a) & (a > 0)
-    inc = np.where(informative, np.where(a > limit, np.log(p1 / p0), np.log((1 - p1) / (1 - p0))), 0.0)
+    # The growth's shape (fourth pass): where the relative rate falls (_loss_rate_falls: a linear ramp from
+    # a small base grows fastest at its start), the scale reached is growth already made, and an update
+    # counts only if it is past the last block's maximum too (by exchangeability ~1/(n+1) of updates if
+    # the growth has stopped). A blow-up's rate holds or rises (exponential, or flat then growing): the
+    # test is unchanged there, and a blow-up that starts inside the last block (its maximum already
+    # grown) is not delayed by it.
+    _, _, top1 = _loss_blocks(c, 1)
+    over = (a > limit) & ~(_loss_rate_falls(c) & (a <= top1))
+    inc = np.where(informative, np.where(over, np.log(p1 / p0), np.log((1 - p1) / (1 - p0))), 0.0)
     s = c.cusum("loss_blowup", inc)
     h = math.log(c.th.loss_blowup_arl)
 
@@ -539,7 +582,14 @@ def entropy_rows(c: _Ctx) -> None:
     # entropy_drift, and only while the reward is not rising: entropy rising with it is exploration.
     allowance = max(c.th.entropy_drift * abs(baseline) / 2, noise / 2)
     s = c.cusum("entropy_drift", np.where(c.row >= c.E, (e - baseline - allowance) / noise, 0.0))
-    alarm = (s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+    # Drift is the entropy still rising now (fourth pass): the baseline is the first 2 windows, and a run
+    # whose entropy rose early and settled higher (zoo h3_entropy_rise_settle) stays above it for good; a
+    # level reached and held is not a creep, and the CUSUM alone cannot tell (it never comes back down).
+    # "Rising" is the 2w least-squares trend up beyond FORECAST_Z standard errors (_trend, as the forecast
+    # reads a trend): a 2-SE difference of means passed by chance on 38 % of the settled runs.
+    e_trend, _, e_se = _trend(e, 2 * w)
+    alarm = ((s >= c.th.cusum_h) & ~_reward_rising(c) & (ma >= baseline * (1 + c.th.entropy_drift))
+             & (e_trend > FORECAST_Z * e_se))
     # No held stage (see _escalate): entropy rising is not damage by itself, and the authors' stable 7_4
     # run ends with its entropy 5x its baseline, still rising (held, it paged at step 492). Its forecast
     # stage needs the damage's own sign: the reward turning down (its 2w trend falling beyond 3 SE, on a

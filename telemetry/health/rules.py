@@ -33,7 +33,8 @@ TRAINER_SIDE = {
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "
                       "its training-side half is a CUSUM (as correctness_drop)",
     "loss_blowup": "it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a "
-                   "distribution-free bound over every update, in a sequential test; a scrape sees one update in many",
+                   "distribution-free bound over every update, in a sequential test, and reads the growth's shape from "
+                   "block medians; a scrape sees one update in many",
     "entropy_drift": "a CUSUM is a recursion over every step since the early baseline; PromQL keeps no state between "
                      "evaluations",
     "length_drift": "a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series "

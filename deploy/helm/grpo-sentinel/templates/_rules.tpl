@@ -507,7 +507,7 @@ groups:
       condition: loss_blowup
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_blowup (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test, and reads the growth''s shape from block medians; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next'
       action: stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR
       runbook_url: '{{ $runbook }}#loss_blowup'
@@ -2121,7 +2121,7 @@ groups:
     title: GRPOLossBlowup
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_blowup (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_blowup (signals: |loss| above its early range (an order of magnitude over its early median) on a sustained share of updates). PromQL cannot express it: it counts updates whose |loss| exceeds the range of a block of updates 51-149 steps back, a distribution-free bound over every update, in a sequential test, and reads the growth''s shape from block medians; a scrape sees one update in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'the update is blowing up (unclipped ratios, LR too high): reward and accuracy fall next'
       action: stop; restore `checkpoints/last-healthy/`; clip the ratio or lower the LR
       runbook_url: '{{ $runbook }}#loss_blowup'
