@@ -323,19 +323,20 @@ def _loss_lag(c: _Ctx, lag: int) -> np.ndarray:
 
 def _loss_so_far(c: _Ctx) -> tuple[np.ndarray, np.ndarray]:
     """[N] (count, median) of the non-zero |loss| from the start of the row's own `loss_window` block to
-    the row; NaN median where that block began before these rows (the monitor's tail)."""
+    the row, at the judged rows (0 and NaN elsewhere, and where that block began before these rows: the
+    monitor's tail)."""
     lw = c.th.loss_window
     a = np.abs(c.s["loss"])
     a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
     count, med = np.zeros(c.n), np.full(c.n, np.nan)
-    for i in range(c.n):
-        k0 = i - int(c.row[i] % lw)  # the block's first row, in these rows
-        if k0 < 0:
-            continue
-        x = a[k0:i + 1]
-        count[i] = np.isfinite(x).sum()
-        if count[i]:
-            med[i] = np.nanmedian(x)
+    i = np.arange(c.start, c.n)
+    k0 = i - c.row[i] % lw  # each row's block start, in these rows
+    i, k0 = i[k0 >= 0], k0[k0 >= 0]
+    cols = k0[:, None] + np.arange(lw)  # [rows, lw]: the block's rows, those after the row masked
+    block = np.where(cols <= i[:, None], a[np.minimum(cols, c.n - 1)], np.nan)
+    count[i] = np.isfinite(block).sum(1)
+    some = count[i] > 0
+    med[i[some]] = np.nanmedian(block[some], axis=1)
     return count, med
 
 
