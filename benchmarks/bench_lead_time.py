@@ -142,7 +142,10 @@ def print_zoo(rows: list[dict], label: str) -> None:
         print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
               f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
               f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
-    slow = [r for r in rows if r["pathology"] in SLOW or r["pathology"].startswith("r3_")]
+    import zoo
+
+    slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW}  # the report sets' new shapes
+    slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
           + ", ".join(f"{r['pathology']} {fmt(r['lead_mean'])}" for r in slow)
