@@ -4,9 +4,11 @@ benchmarks/wild/ holds one folder per log with a SOURCE file: where the log come
 (repository, path, commit, licence), the authors' own words on the outcome, quoted, and the label
 those words give (`expect`). The logs themselves are other people's data, fetched from public
 repositories: they are not committed here (this workplace keeps fetched data only in the steering
-repository's shared/). Each is looked for beside its SOURCE, then in `--logs DIR/<folder>/` (by
+repository's shared/); `benchmarks/fetch_wild.py` fetches them, each checked against the sha256 its
+SOURCE gives. Each is looked for beside its SOURCE, then in `--logs DIR/<folder>/` (by
 default shared/wild/ beside the checkout), then among the test fixtures that shared/ provided
-(tests/fixtures/book-runs/); a log found nowhere is listed as absent and not scored.
+(tests/fixtures/book-runs/); a log found nowhere, or found with another sha256, is listed as absent and
+not scored.
 
 - healthy: the authors call the run good or stable. Agreement: judged, and no critical page.
 - failure: the authors document a failure; `causes` lists the health-table rows that read what
@@ -24,6 +26,7 @@ diagnose is pure Python over a few hundred rows a log: the whole corpus takes ab
 from __future__ import annotations
 
 import argparse
+import hashlib
 import platform
 import time
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ class Result:
     expect: str
     causes: tuple[str, ...]
     absent: bool = False  # the log is not on this machine (see the module docstring)
+    stale: str = ""  # a file found under the log's name whose sha256 is not SOURCE's: not scored
     refused: str = ""  # the ingester's message when it refused the log
     unjudged: str = ""  # why nothing could be judged, when so
     read: int = 0
@@ -87,6 +91,9 @@ def run_one(folder: Path, logs: Path = LOGS) -> Result:
     if path is None:
         r.absent = True
         return r
+    if source.get("sha256") and hashlib.sha256(path.read_bytes()).hexdigest() != source["sha256"]:
+        r.absent, r.stale = True, str(path)  # another version of the file: the authors' words are about this one
+        return r
     try:
         log = load(path)
     except IngestError as e:
@@ -106,8 +113,11 @@ def report(results: list[Result], verbose: bool) -> dict:
     for r in results:
         verdict = {True: "agrees", False: "DISAGREES", None: "not scored"}[r.agrees]
         print(f"{r.name} [{r.expect}] {verdict}")
+        if r.stale:
+            print(f"  absent: {r.stale} is not the file SOURCE names (its sha256 differs): benchmarks/fetch_wild.py")
+            continue
         if r.absent:
-            print("  absent: its log is not on this machine (fetch it into shared/wild/, as SOURCE says where from)")
+            print("  absent: its log is not on this machine: benchmarks/fetch_wild.py fetches it (SOURCE says from where)")
             continue
         if r.refused:
             print(f"  refused: {r.refused}")

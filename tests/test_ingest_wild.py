@@ -420,6 +420,7 @@ def test_the_real_corpus_agrees_with_its_authors():
     results = evaluate()
     present = [r for r in results if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
     assert len(results) >= 27 and len(present) >= 2 and not [r.name for r in results if r.refused]
+    assert not [r.stale for r in results if r.stale]  # a file under a log's name that is not SOURCE's version
     assert not [r.name for r in results if r.expect == "healthy" and r.critical]
     assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
     # 17 of 27 logs agree with their authors when all are fetched (the rest: no statement, mixed, or too short)
