@@ -77,6 +77,10 @@ class Result:
         return None
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def find_log(folder: Path, name: str, logs: Path) -> Path | None:
     return next((p for p in (folder / name, logs / folder.name / name, FIXTURES / name) if p.is_file()), None)
 
@@ -91,7 +95,7 @@ def run_one(folder: Path, logs: Path = LOGS) -> Result:
     if path is None:
         r.absent = True
         return r
-    if source.get("sha256") and hashlib.sha256(path.read_bytes()).hexdigest() != source["sha256"]:
+    if source.get("sha256") and sha256(path.read_bytes()) != source["sha256"]:
         r.absent, r.stale = True, str(path)  # another version of the file: the authors' words are about this one
         return r
     try:

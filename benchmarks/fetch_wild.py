@@ -13,7 +13,6 @@ fetched or verified, each with its reason.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import re
 import sys
 import urllib.error
@@ -22,7 +21,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import yaml
-from bench_wild import CORPUS, FIXTURES, LOGS
+from bench_wild import CORPUS, LOGS, find_log, sha256
 
 RAW = "https://raw.githubusercontent.com"
 
@@ -33,20 +32,16 @@ def source_path(path: str) -> str:
     return re.sub(r"\s+\(branch [^)]*\)$", "", path.strip())
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def fetch_one(folder: Path, logs: Path, base: str, timeout: float) -> tuple[str, str]:
     """(status, detail): status one of kept, fetched, failed."""
     meta = yaml.safe_load((folder / "SOURCE").read_text(encoding="utf-8"))
     want = meta.get("sha256")
-    for here in (folder / meta["log"], FIXTURES / meta["log"]):  # where bench_wild finds it before --logs
-        if here.is_file() and (want is None or sha256(here.read_bytes()) == want):
-            return "kept", str(here)
+    if not want:
+        return "failed", f"{folder}/SOURCE names no sha256: add the digest of the file its authors' words are about"
+    here = find_log(folder, meta["log"], logs)  # the file bench_wild would score
+    if here is not None and sha256(here.read_bytes()) == want:
+        return "kept", str(here)
     target = logs / folder.name / meta["log"]
-    if target.is_file() and want is not None and sha256(target.read_bytes()) == want:
-        return "kept", str(target)
     url = f"{base}/{meta['repository']}/{meta['commit']}/{quote(source_path(meta['path']))}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -55,7 +50,7 @@ def fetch_one(folder: Path, logs: Path, base: str, timeout: float) -> tuple[str,
         return "failed", f"{url}: HTTP {e.code} (is the repository still public, the commit still there?)"
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         return "failed", f"{url}: {getattr(e, 'reason', e)} (no network here? fetch it by hand into {target})"
-    if want is not None and sha256(data) != want:
+    if sha256(data) != want:
         return "failed", f"{url}: sha256 {sha256(data)[:16]}... is not SOURCE's {want[:16]}...: not the log scored here"
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")

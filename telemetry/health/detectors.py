@@ -269,6 +269,13 @@ def signal_vanished(c: _Ctx) -> None:
     c.fire("signal_vanished", c.full(c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
 
 
+def _loss_scale(c: _Ctx) -> np.ndarray:
+    """[N] |loss|, NaN where it is 0 or not finite: a step without signal has loss exactly 0 and says
+    nothing of the scale."""
+    a = np.abs(c.s["loss"])
+    return np.where(np.isfinite(a) & (a > 0), a, np.nan)
+
+
 def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(count, median, max) of the non-zero |loss| in a reference block, at every row: the run's rows cut
     into blocks of `loss_window` steps (by absolute row, so the monitor's tail cuts them as the whole
@@ -278,8 +285,7 @@ def _loss_blocks(c: _Ctx, lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     exactly 0: it says nothing of the scale. Per block, not per row: one median per `loss_window` rows."""
     lw = c.th.loss_window
     if "loss_blocks" not in c._ma:
-        a = np.abs(c.s["loss"])
-        a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
+        a = _loss_scale(c)
         head = int(c.row[0] % lw) if c.n else 0  # rows of the first block that lie before these rows
         nb = -(-(head + c.n) // lw)
         blocks = np.sort(np.concatenate([np.full(head, np.nan), a, np.full(nb * lw - head - c.n, np.nan)]).reshape(nb, lw), 1)
@@ -326,8 +332,7 @@ def _loss_so_far(c: _Ctx) -> tuple[np.ndarray, np.ndarray]:
     the row, at the judged rows (0 and NaN elsewhere, and where that block began before these rows: the
     monitor's tail)."""
     lw = c.th.loss_window
-    a = np.abs(c.s["loss"])
-    a = np.where(np.isfinite(a) & (a > 0), a, np.nan)
+    a = _loss_scale(c)
     count, med = np.zeros(c.n), np.full(c.n, np.nan)
     i = np.arange(c.start, c.n)
     k0 = i - c.row[i] % lw  # each row's block start, in these rows
