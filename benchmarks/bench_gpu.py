@@ -3,9 +3,10 @@
 The model is Qwen2.5-0.5B's shape built from config (random init, nothing downloaded) with a tokenizer
 covering its 151,936-token vocabulary; weights in bf16; G = 8 completions of each of 8 prompts, 256
 new tokens (a random model never emits EOS, so every completion is 256 tokens long), LoRA r = 8 on all
-projections, beta > 0, no gradient checkpointing for either. Three variants, each in a fresh process:
-ours, ours with HF's forward for every token (`ours_exact`: what the fused decode step saves), and TRL
-(skipped, and said, where TRL is not installed). After warm-up steps, the median step time gives
+projections, beta > 0, no gradient checkpointing for either. Four variants, each in a fresh process:
+ours (the fused decode step, captured once per sampling call as a CUDA graph and replayed per token), ours
+with that step launched op by op (`ours_eager`: what the graph saves), ours with HF's forward for every
+token (`ours_exact`: what the fused step saves), and TRL (skipped, and said, where TRL is not installed). After warm-up steps, the median step time gives
 completions/s and completion tokens/s, and torch.cuda.max_memory_allocated the peak. Built to finish
 within 8 minutes on one H100/H200-class GPU.
 
@@ -44,16 +45,22 @@ QWEN_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, 
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=512, tie_word_embeddings=True)
 G, PROMPTS = 8, 8
-VARIANTS = ["ours", "ours_exact", "trl"]
+VARIANTS = ["ours", "ours_eager", "ours_exact", "trl"]
 
 
-def worker_ours(path: Path, max_new: int, steps: int, device: str, exact: bool = False) -> dict:
+def worker_ours(path: Path, max_new: int, steps: int, device: str, decoding: str = "graph") -> dict:
+    import dataclasses
+    import types
+
     import torch
 
-    from grpo_sentinel.service.grpo import rollout, step
+    from grpo_sentinel.service.grpo import decoder, rollout, step
 
-    if exact:  # every new token through HF's forward, as before the fused decode step
+    if decoding == "exact":  # every new token through HF's forward, as before the fused decode step
         step.sample = functools.partial(rollout.sample, exact=True)
+    elif decoding == "eager":  # the fused step, not captured
+        of = decoder.Decoder.of
+        rollout.Decoder = types.SimpleNamespace(of=lambda net: (d := of(net)) and dataclasses.replace(d, capture=None))
     run = common.ours(path, max_new, "model.dtype=bfloat16", f"model.device={device}", "grpo.micro_batch_size=64")
     times = []
     for _ in range(steps):
@@ -133,7 +140,8 @@ def main() -> None:
     ap.add_argument("--device")
     args = ap.parse_args()
     if args.worker:
-        fn = {"ours": worker_ours, "ours_exact": functools.partial(worker_ours, exact=True), "trl": worker_trl}
+        fn = {"ours": worker_ours, "ours_eager": functools.partial(worker_ours, decoding="eager"),
+              "ours_exact": functools.partial(worker_ours, decoding="exact"), "trl": worker_trl}
         print(json.dumps(fn[args.worker](args.model, args.max_new, args.steps, args.device)))
         return
 

@@ -11,12 +11,15 @@ What is bit-identical and what is not:
   is the distribution: along its own trajectory, its per-token probabilities equal HF's forward over the
   finished sequences to float tolerance, and it feeds the same draw from the same random stream, so with
   one seed it samples the exact path's sequences but where a draw falls within rounding of a boundary.
+  On a GPU the run replays one captured step of fixed shape (attention over the cache's whole capacity,
+  the keys not yet written masked): the same contract, checked here by re-running that step on the CPU.
 - Folding W + s*B@A rounds differently from peft's W x + s*B(A x): the folded logits equal the
   adapter's to float precision (checked), not bit for bit, so a draw can flip only where its uniform
   number falls within rounding distance of a boundary between two tokens.
 """
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -90,8 +93,14 @@ def test_sampling_matches_generate_token_for_token(model, tokenizer, mode, layou
         assert len({tuple(r.tolist()) for r in roll.completion_ids}) > len(PROMPTS)  # really sampled: repeats differ
 
 
+def rerun(step):
+    """A CUDA graph's contract on the CPU: replaying re-runs the captured step on the same buffers."""
+    return step
+
+
 @pytest.mark.parametrize("layout", ["padded", "same-length"])  # with a key mask / without (GQA: two SDPA paths)
-def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model, tokenizer, layout):
+@pytest.mark.parametrize("capture", [None, rerun], ids=["growing", "replayed"])  # the CPU's step / the GPU's
+def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model, tokenizer, layout, capture):
     prompts = [p for p in (PROMPTS if layout == "padded" else ["12+34=", "61+19=", "99+10="]) for _ in range(4)]
     tokenizer.padding_side = "left"
     enc = tokenizer(list(dict.fromkeys(prompts)), return_tensors="pt", padding=True, add_special_tokens=False)
@@ -106,7 +115,8 @@ def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model
     torch.manual_seed(5)
     with torch.no_grad(), lora.folded(model) as net:
         step = Decoder.of(net)
-        assert step is not None  # both architectures take the fast path
+        assert step is not None and step.capture is None  # both architectures take the fast path; a CPU, no graph
+        step = dataclasses.replace(step, capture=capture)
         out = decode(net, enc["input_ids"], enc["attention_mask"], row, 12, draw=draw, eos=tokenizer.eos_token_id,
                      pad=tokenizer.pad_token_id, step=step)
         # HF's forward over the finished sequences, attending as decoding did (a finished row keeps attending).
@@ -118,6 +128,25 @@ def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model
     fast = torch.stack(seen, 1)  # [B, T, V]
     # Log-probabilities: every token's, the unlikely ones too (in probabilities they would hide under atol).
     torch.testing.assert_close(fast.log_softmax(-1), hf.float().log_softmax(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_step_the_device_will_not_capture_decodes_eagerly(model, tokenizer, caplog):
+    def refuse(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    prompts = [p for p in PROMPTS[:2] for _ in range(4)]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True, add_special_tokens=False)
+    row = torch.arange(2).repeat_interleave(4)
+    out = {}
+    with torch.no_grad(), lora.folded(model) as net:
+        for name, capture in (("eager", None), ("refused", refuse)):
+            torch.manual_seed(3)
+            out[name] = decode(net, enc["input_ids"], enc["attention_mask"], row, 8, draw=sampling_draw(1.0, 1.0),
+                               eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
+                               step=dataclasses.replace(Decoder.of(net), capture=capture))
+    assert len(prompts) == len(out["refused"]) and torch.equal(out["refused"], out["eager"])
+    assert "decoding without a captured step (operation not permitted" in caplog.text
 
 
 @pytest.mark.parametrize("mode", MODES)

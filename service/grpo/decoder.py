@@ -30,6 +30,8 @@ for itself leaves the model to HF).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +42,8 @@ CLASSES = {"LlamaForCausalLM", "Qwen2ForCausalLM"}
 # Rope types whose angles depend on the longest position in the forward pass (HF's dynamic_rope_update): a run
 # computes every position's angles at once, so only types whose angle for a position is fixed are taken.
 DYNAMIC_ROPE = {"dynamic", "longrope"}
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class Decoder:
     n_kv: int  # key/value heads
     head_dim: int
     scale: float
+    # How a run's step is replayed: None (CPU) calls it token by token with shapes that grow with the keys;
+    # `cuda_graph` (CUDA) captures one fixed-shape step per run and replays it (see _Replayed).
+    capture: Callable[[Callable[[], torch.Tensor]], Callable[[], torch.Tensor]] | None = None
 
     @classmethod
     def of(cls, net) -> Decoder | None:
@@ -95,13 +102,21 @@ class Decoder:
         return cls(embed=body.embed_tokens.weight, rotary=body.rotary_emb, layers=[_fuse(b) for b in body.layers],
                    norm=body.norm.weight, head=net.lm_head.weight, eps=norms[0].variance_epsilon, sign=sign,
                    n_q=config.num_attention_heads, n_kv=config.num_key_value_heads, head_dim=attn.head_dim,
-                   scale=attn.scaling)
+                   scale=attn.scaling, capture=cuda_graph if net.device.type == "cuda" else None)
 
-    def begin(self, cache: Cache, positions: torch.Tensor, allowed: torch.Tensor | None) -> _Run:
+    def begin(self, cache: Cache, positions: torch.Tensor, allowed: torch.Tensor | None) -> Callable:
         """A run over `cache` (rollout._cache's preallocated layers, prefilled: B rows, `length` keys each):
         positions [B, T] the rotary positions of the T tokens it may be given, allowed [B, capacity] the keys
-        each row may attend to (True) or None (every key)."""
-        return _Run(self, cache, positions, allowed)
+        each row may attend to (True) or None (every key). Called with the tokens [B], it returns the next
+        logits [B, V]."""
+        run = _Run(self, cache, positions, allowed)
+        if self.capture is None:
+            return run
+        try:
+            return _Replayed(run, self.capture)
+        except RuntimeError as e:  # a capture the device refuses must not stop training: decode eagerly
+            log.warning("decoding without a captured step (%s)", e)
+            return run
 
 
 class _Run:
@@ -116,7 +131,7 @@ class _Run:
         # the same products (negation is exact), one op instead of three.
         self.cos, self.sin = cos[:, :, None], (sin * dec.sign)[:, :, None]  # [B, T, 1, D]: broadcast over heads
         self.kv = [(layer.k, layer.v) for layer in cache.layers]  # [B, Hkv, capacity, D] each, written in place
-        self.length = cache.layers[0].length
+        self.first = self.length = cache.layers[0].length  # the slot of the first new token; the keys so far
         self.t = 0
         self.bias = None  # [B Hkv, 1, capacity]: 0 where a row may attend, -inf where not; added to the scores
         if allowed is not None:
@@ -125,24 +140,34 @@ class _Run:
         self.shape = B, D
 
     def __call__(self, token: torch.Tensor) -> torch.Tensor:
-        dec, (B, D), t = self.dec, self.shape, self.t
-        n, nk, L = dec.n_q, dec.n_kv, self.length + 1  # keys after this token
-        cos, sin = self.cos[:, t], self.sin[:, t]  # [B, 1, D]
+        """Attends over the keys written so far: shapes grow by one key a token."""
+        L, t = self.length + 1, self.t
+        logits = self.step(token, self.cos[:, t], self.sin[:, t], L - 1, L, None if self.bias is None else self.bias[..., :L])
+        self.length, self.t = L, t + 1
+        return logits
+
+    def step(self, token: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot: int | torch.Tensor, L: int,
+             bias: torch.Tensor | None) -> torch.Tensor:
+        """The tokens [B] through every layer: their keys and values written at `slot` (see _write), attention over
+        the first L keys (with `bias`, [B Hkv, 1, L], if any), the next logits [B, V] out. cos, sin [B, 1, D]."""
+        dec, (B, D) = self.dec, self.shape
+        n, nk = dec.n_q, dec.n_kv
         h = F.embedding(token, dec.embed)  # [B, H]
         for layer, (keys, values) in zip(dec.layers, self.kv):
             x = F.rms_norm(h, h.shape[-1:], layer.norm_in, dec.eps)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias).view(B, -1, D)  # [B, Hq + 2 Hkv, D]
             qk = qkv[:, : n + nk]
             qk = qk * cos + qk.roll(D // 2, -1) * sin
-            keys[:, :, L - 1], values[:, :, L - 1] = qk[:, n:], qkv[:, n + nk :]
-            h = _residual(h, self._attend(qk[:, :n], keys, values, L), layer.o, layer.o_bias)
+            _write(keys, slot, qk[:, n:])
+            _write(values, slot, qkv[:, n + nk :])
+            h = _residual(h, self._attend(qk[:, :n], keys, values, L, bias), layer.o, layer.o_bias)
             gate, up = F.linear(F.rms_norm(h, h.shape[-1:], layer.norm_post, dec.eps), layer.gate_up,
                                 layer.gate_up_bias).chunk(2, -1)
             h = _residual(h, F.silu(gate) * up, layer.down, layer.down_bias)
-        self.length, self.t = L, t + 1
         return F.linear(F.rms_norm(h, h.shape[-1:], dec.norm, dec.eps), dec.head)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, L: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, L: int,
+                bias: torch.Tensor | None) -> torch.Tensor:
         """q [B, Hq, D] over the first L keys and values of [B, Hkv, capacity, D] -> [B, Hq D]. The g = Hq / Hkv
         query heads of a key/value head (HF's grouped-query order) are the g rows of its matmul."""
         dec, (B, D) = self.dec, self.shape
@@ -150,12 +175,82 @@ class _Run:
         q = q.reshape(B * dec.n_kv, g, D)
         k = keys.view(B * dec.n_kv, -1, D)[:, :L]  # [B Hkv, L, D]: views of the cache
         v = values.view(B * dec.n_kv, -1, D)[:, :L]
-        if self.bias is None:
+        if bias is None:
             scores = torch.bmm(q, k.transpose(1, 2)).mul_(dec.scale)
         else:
-            scores = torch.baddbmm(self.bias[..., :L], q, k.transpose(1, 2), alpha=dec.scale)  # [B Hkv, g, L]
+            scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=dec.scale)  # [B Hkv, g, L]
         weights = torch.softmax(scores, -1, dtype=torch.float32).to(v.dtype)
         return torch.bmm(weights, v).view(B, -1)
+
+
+class _Replayed:
+    """A run whose step has one shape for every token, so that it can be captured once and replayed: on a GPU
+    decoding one token is a few hundred small kernels, and launching them from Python costs more than running
+    them (gpt-fast's observation). Replaying a CUDA graph launches them all at once.
+
+    The token and the step's index live in device buffers the graph reads (the index advances inside it);
+    attention runs over the cache's whole capacity with the keys not yet written masked out (-inf, and zeroed
+    once so that no garbage meets the mask: 0 x NaN is NaN). The same function as _Run's step, over more keys
+    that weigh exactly 0: equal logits to float rounding (tests/test_rollout.py replays it on the CPU)."""
+
+    def __init__(self, run: _Run, capture):
+        dec, B = run.dec, run.shape[0]
+        device = run.cos.device
+        capacity = run.kv[0][0].shape[2]
+        for keys, values in run.kv:
+            keys[:, :, run.first :].zero_(), values[:, :, run.first :].zero_()
+        self.run, self.capacity = run, capacity
+        self.token = torch.zeros(B, dtype=torch.long, device=device)
+        self.t = torch.zeros(1, dtype=torch.long, device=device)
+        self.slots = torch.arange(capacity, device=device)
+        # [B Hkv or 1, 1, capacity]: the row's own key mask, or every key
+        self.open = run.bias if run.bias is not None else torch.zeros(1, 1, capacity, dtype=dec.head.dtype, device=device)
+        self.replay = capture(self._step)
+        self.t.zero_()  # a capture may run the step to warm up
+
+    def _step(self) -> torch.Tensor:
+        run, t = self.run, self.t
+        slot = t + run.first
+        bias = self.open.masked_fill(self.slots > slot, -torch.inf)  # keys after this token's: not yet written
+        logits = run.step(self.token, run.cos.index_select(1, t)[:, 0], run.sin.index_select(1, t)[:, 0], slot,
+                          self.capacity, bias)
+        t.add_(1)
+        return logits
+
+    def __call__(self, token: torch.Tensor) -> torch.Tensor:
+        self.token.copy_(token)
+        return self.replay().clone()  # the graph's output buffer is overwritten by the next replay
+
+
+def cuda_graph(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """`fn` (no arguments; it reads and writes only tensors that outlive it) captured as a CUDA graph: returns
+    a function that replays it and returns its output buffer. One warm-up call on a side stream first, as
+    capture requires (cuBLAS creates its handles and workspaces there, outside the graph). Errors only for
+    this thread's unsafe calls during the capture: telemetry's threads keep running."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = fn()
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+
+    return replay
+
+
+def _write(cache: torch.Tensor, slot: int | torch.Tensor, x: torch.Tensor) -> None:
+    """x [B, Hkv, D] into cache [B, Hkv, capacity, D] at position `slot`: an int by plain indexing (on the CPU
+    3 us cheaper than index_copy_, twice a layer and token), a [1] tensor on the device for a captured step
+    (whose position must not be baked into the graph)."""
+    if isinstance(slot, int):
+        cache[:, :, slot] = x
+    else:
+        cache.index_copy_(2, slot, x[:, :, None])
 
 
 def _residual(h: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
