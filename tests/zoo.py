@@ -750,6 +750,126 @@ def h4_late_learner(rng):
     return s
 
 
+# Report set 5 (issue 22, fifth pass): new shapes and healthy families, written and committed before any
+# detector ran on them (seeds 5000-5299; the pathologies' 5000-5019). The healthy families lean on held-out
+# evaluations of other sizes and cadences, and on noise shapes the other sets lack.
+
+
+def _evaluated(s: dict, rng, every: int, n: int) -> dict:
+    """Held-out evaluations every `every` steps on `n` problems, of the run's noise-free accuracy."""
+    acc = np.full(N, np.nan)
+    acc[every - 1 :: every] = rng.binomial(n, s["_acc_true"][every - 1 :: every]) / n
+    s["sample_acc"], s["_eval_n"] = acc, np.array([float(n)])
+    return s
+
+
+def h5_eval_small_frequent(rng):
+    """Healthy, evaluated every 5 steps on 50 problems (small, frequent evaluations: many noisy tests a run)."""
+    return _evaluated(_healthy(rng), rng, 5, 50)
+
+
+def h5_two_stage(rng):
+    """Healthy, learned in two stages: 0.2 -> 0.4 by step 60, flat to step 160, then 0.4 -> 0.6 by step 220;
+    evaluated every 10 steps on 100 problems."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.2 * np.clip(t / 60, 0, 1) + 0.2 * np.clip((t - 160) / 60, 0, 1)
+    return _evaluated(_with_p(rng, p), rng, 10, 100)
+
+
+def h5_slow_learner_small_eval(rng):
+    """Healthy, learning slowly and steadily (0.3 -> 0.5 over the run), evaluated every 10 steps on 40 problems."""
+    return _evaluated(_with_p(rng, np.linspace(0.3, 0.5, N)), rng, 10, 40)
+
+
+def h5_kl_cosine(rng):
+    """Healthy: the KL swings with a cyclic learning rate (0.03 +- 0.02, a period of 75 steps) and grows slowly."""
+    s = _healthy(rng)
+    t = np.arange(N, dtype=float)
+    s["kl"] = (0.03 + 0.02 * np.sin(2 * np.pi * t / 75) + 0.03 * t / N) * (1 + 0.1 * rng.standard_normal(N))
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h5_loss_contaminated(rng):
+    """Healthy, with a loss whose noise is 95 % N(0, 0.002) and 5 % N(0, 0.03): rare large updates."""
+    s = _healthy(rng)
+    big = rng.random(N) < 0.05
+    s["loss"] = 0.04 * s["kl"] + np.where(big, 0.03, 0.002) * rng.standard_normal(N)
+    return s
+
+
+def h5_entropy_sharpen(rng):
+    """Healthy: the entropy falls steadily (0.6 -> 0.35) as the policy sharpens while the reward rises."""
+    s = _healthy(rng)
+    s["entropy"] = np.linspace(0.6, 0.35, N) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def r5_length_exp_creep(rng):
+    """Lengths grow exponentially from the onset (doubling every ~25 steps from 3.5 tokens) until they hit
+    95 % of the cap; the capped share follows; the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    t = np.arange(N, dtype=float)
+    length = np.minimum(3.5 * np.exp(np.clip(t - ONSET, 0, None) / 36.0), 0.95 * MAX_NEW)
+    s["response_len"] = length + 0.2 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, np.clip((length - 3.5) / (0.95 * MAX_NEW - 3.5), 0, 1) * 0.9) / (P * G)
+    return s
+
+
+def r5_kl_exp_fast(rng):
+    """KL grows exponentially from a tiny base at the onset (0.002, doubling every ~10 steps); the accuracy
+    falls from 45 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 45))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.002 * (np.exp((t - ONSET) / 14.0) - 1), 0.0)
+    return s
+
+
+def r5_entropy_linear_fast(rng):
+    """Entropy creeps linearly from the onset (0.6 -> 2.0 at the end) with the reward flat; the reward and the
+    accuracy fall from 40 steps after the onset."""
+    p = np.full(N, 0.45)
+    p[ONSET + 40 :] = np.linspace(0.45, 0.2, N - ONSET - 40)
+    s = _with_p(rng, p)
+    s["entropy"] = _ramp(0.6, 2.0) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def r5_format_jump_then_fall(rng):
+    """A gameable format reward jumps at the onset (0.5 -> 0.9 within 20 steps) while the verifier's acceptance
+    falls linearly from 10 steps after it (to 0.25 at the end); held-out sees it ~15 steps later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    start = ONSET + 10
+    p[start:] = np.linspace(p[start], 0.25, N - start)
+    lag = np.concatenate([np.full(15, p[0]), p[:-15]])
+    s = _with_p(rng, lag)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, 0.5 + 0.4 * np.clip((t - ONSET) / 20, 0, 1)) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
+    return s
+
+
+def r5_loss_exp_slow(rng):
+    """A slow exponential blow-up (x10 every ~50 steps) from the onset; the accuracy falls from 70 steps after it."""
+    s = _with_p(rng, _decline(0.6, 0.15, 70))
+    t = np.arange(N)
+    grow = np.where(t >= ONSET, 0.002 * np.exp((t - ONSET) / 22.0), 0.0)
+    s["loss"] = s["loss"] + grow * np.abs(rng.standard_t(3, N))
+    return s
+
+
+REPORT5_SLOW = (r5_length_exp_creep, r5_kl_exp_fast, r5_entropy_linear_fast, r5_format_jump_then_fall,
+                r5_loss_exp_slow)
+REPORT5_HEALTHY = (h5_eval_small_frequent, h5_two_stage, h5_slow_learner_small_eval, h5_kl_cosine,
+                   h5_loss_contaminated, h5_entropy_sharpen)
+REPORT5_SEEDS = range(5000, 5300)
+SLOW_REPORT5_SEEDS = range(5000, 5020)
+
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
