@@ -6,9 +6,9 @@ new tokens (a random model never emits EOS, so every completion is 256 tokens lo
 projections, beta > 0, no gradient checkpointing for either. Four variants, each in a fresh process:
 ours (the fused decode step, captured once per sampling call as a CUDA graph and replayed per token), ours
 with that step launched op by op (`ours_eager`: what the graph saves), ours with HF's forward for every
-token (`ours_exact`: what the fused step saves), and TRL (skipped, and said, where TRL is not installed). After warm-up steps, the median step time gives
-completions/s and completion tokens/s, and torch.cuda.max_memory_allocated the peak. Built to finish
-within 8 minutes on one H100/H200-class GPU.
+token (`ours_exact`: what the fused step saves), and TRL (skipped, and said, where TRL is not installed).
+After warm-up steps, the median step time gives completions/s and completion tokens/s, and
+torch.cuda.max_memory_allocated the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
 
     pip install -e '.[bench]'
     python benchmarks/bench_gpu.py                 # needs CUDA

@@ -15,8 +15,10 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   declared before any detector ran on them, then seen and fitted on in the third pass) and report set 3
   (zoo.REPORT3_SLOW, new shapes of the slow pathologies, seeds 3000-3019; zoo.REPORT3_HEALTHY, seeds
   3000-3299: committed before any detector ran on them, measured once, then seen and fitted on in the
-  fourth pass) and report set 4 (zoo.REPORT4_SLOW, seeds 4000-4019; zoo.REPORT4_HEALTHY, seeds
-  4000-4299: committed before any detector ran on them);
+  fourth pass), report set 4 (zoo.REPORT4_SLOW, seeds 4000-4019; zoo.REPORT4_HEALTHY, seeds
+  4000-4299: committed before any detector ran on them, measured once, then seen and fitted on in the
+  fifth pass) and report set 5 (zoo.REPORT5_SLOW, seeds 5000-5019; zoo.REPORT5_HEALTHY, seeds 5000-5299:
+  committed before any detector ran on them);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
@@ -144,7 +146,7 @@ def print_zoo(rows: list[dict], label: str) -> None:
               f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
     import zoo
 
-    slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW}  # the report sets' new shapes
+    slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW}
     slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
@@ -367,7 +369,10 @@ def main() -> None:
         # Report set 4 (fourth pass): declared (commit dca79f6) before any detector ran on it; report set 3
         # is seen now and was fitted on, with the fit set and report sets 1-2.
         report["zoo_report4"] = held4 = zoo_table(zoo.SLOW_REPORT4_SEEDS[:args.seeds], zoo.REPORT4_SLOW)
-        print_zoo(held4, "report set 4 (new shapes), seeds 4000-%d" % (3999 + min(args.seeds, len(zoo.SLOW_REPORT4_SEEDS))))
+        print_zoo(held4, "report set 4 (new shapes, seen), seeds 4000-%d" % (3999 + min(args.seeds, len(zoo.SLOW_REPORT4_SEEDS))))
+        # Report set 5 (fifth pass): declared before any detector ran on it; report set 4 is seen now.
+        report["zoo_report5"] = held5 = zoo_table(zoo.SLOW_REPORT5_SEEDS[:args.seeds], zoo.REPORT5_SLOW)
+        print_zoo(held5, "report set 5 (new shapes), seeds 5000-%d" % (4999 + min(args.seeds, len(zoo.SLOW_REPORT5_SEEDS))))
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
         report["false_pages"] = fp = false_pages(zoo.FIT_HEALTHY, zoo.FIT_SEEDS[:runs])
         print_false_pages(fp, "fit set")
@@ -378,7 +383,9 @@ def main() -> None:
         report["false_pages_report3"] = fp_report3 = false_pages(zoo.REPORT3_HEALTHY, zoo.REPORT3_SEEDS[:runs])
         print_false_pages(fp_report3, "report set 3 (seen)")
         report["false_pages_report4"] = fp_report4 = false_pages(zoo.REPORT4_HEALTHY, zoo.REPORT4_SEEDS[:runs])
-        print_false_pages(fp_report4, "report set 4")
+        print_false_pages(fp_report4, "report set 4 (seen)")
+        report["false_pages_report5"] = fp_report5 = false_pages(zoo.REPORT5_HEALTHY, zoo.REPORT5_SEEDS[:runs])
+        print_false_pages(fp_report5, "report set 5")
         from benchmarks import bench_wild
 
         report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))
