@@ -755,8 +755,9 @@ def h4_late_learner(rng):
 # evaluations of other sizes and cadences, and on noise shapes the other sets lack.
 
 
-def _evaluated(s: dict, rng, every: int, n: int) -> dict:
-    """Held-out evaluations every `every` steps on `n` problems, of the run's noise-free accuracy."""
+def _with_evals(s: dict, rng, every: int, n: int) -> dict:
+    """The run's held-out evaluations replaced: every `every` steps on `n` problems, of its noise-free accuracy
+    (as _evaluated, for any run)."""
     acc = np.full(N, np.nan)
     acc[every - 1 :: every] = rng.binomial(n, s["_acc_true"][every - 1 :: every]) / n
     s["sample_acc"], s["_eval_n"] = acc, np.array([float(n)])
@@ -765,7 +766,7 @@ def _evaluated(s: dict, rng, every: int, n: int) -> dict:
 
 def h5_eval_small_frequent(rng):
     """Healthy, evaluated every 5 steps on 50 problems (small, frequent evaluations: many noisy tests a run)."""
-    return _evaluated(_healthy(rng), rng, 5, 50)
+    return _with_evals(_healthy(rng), rng, 5, 50)
 
 
 def h5_two_stage(rng):
@@ -773,12 +774,12 @@ def h5_two_stage(rng):
     evaluated every 10 steps on 100 problems."""
     t = np.arange(N, dtype=float)
     p = 0.2 + 0.2 * np.clip(t / 60, 0, 1) + 0.2 * np.clip((t - 160) / 60, 0, 1)
-    return _evaluated(_with_p(rng, p), rng, 10, 100)
+    return _with_evals(_with_p(rng, p), rng, 10, 100)
 
 
 def h5_slow_learner_small_eval(rng):
     """Healthy, learning slowly and steadily (0.3 -> 0.5 over the run), evaluated every 10 steps on 40 problems."""
-    return _evaluated(_with_p(rng, np.linspace(0.3, 0.5, N)), rng, 10, 40)
+    return _with_evals(_with_p(rng, np.linspace(0.3, 0.5, N)), rng, 10, 40)
 
 
 def h5_kl_cosine(rng):
@@ -868,6 +869,110 @@ REPORT5_HEALTHY = (h5_eval_small_frequent, h5_two_stage, h5_slow_learner_small_e
                    h5_loss_contaminated, h5_entropy_sharpen)
 REPORT5_SEEDS = range(5000, 5300)
 SLOW_REPORT5_SEEDS = range(5000, 5020)
+
+
+# Report set 6 (issue 22, fifth pass): declared after report set 5 was measured (its cyclic KL paged kl_acceleration
+# critical on 67 of 300 healthy runs) and before any detector was changed for it (seeds 6000-6299; the
+# pathologies' 6000-6019): other KL schedules a healthy run may show, other noise, and three slow shapes.
+
+
+def h6_kl_warmup_hump(rng):
+    """Healthy: the KL climbs fast during a learning-rate warm-up (to ~0.08 by step 40), falls back to ~0.04 by
+    step 100 and then grows slowly."""
+    s = _healthy(rng)
+    t = np.arange(N, dtype=float)
+    hump = 0.08 * (t / 40) ** 2 * np.exp(2 * (1 - t / 40))
+    s["kl"] = (0.002 + hump + 0.04 * np.clip(t / 100, 0, 1) + 0.02 * t / N) * (1 + 0.1 * rng.standard_normal(N))
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h6_kl_milestones(rng):
+    """Healthy: the KL steps up at the learning-rate schedule's milestones (steps 100 and 200, +0.03 each over
+    ~15 steps) and is flat between them."""
+    s = _healthy(rng)
+    s["kl"] = (0.02 + 0.03 * (_logistic(100, 4) + _logistic(200, 4))) * (1 + 0.1 * rng.standard_normal(N))
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h6_kl_slow_cycle(rng):
+    """Healthy: the KL swings slowly (a period of 150 steps, +- 0.015) around a slow growth."""
+    s = _healthy(rng)
+    t = np.arange(N, dtype=float)
+    s["kl"] = (0.03 + 0.015 * np.sin(2 * np.pi * t / 150 + 1.0) + 0.03 * t / N) * (1 + 0.1 * rng.standard_normal(N))
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h6_group_of_4(rng):
+    """Healthy, with groups of 4 completions (more groups without signal) and 16 prompts a step."""
+    s = _healthy(rng)
+    p = s["_p"]
+    zero_correct, zero_wrong = rng.binomial(16, p**4) / 16, rng.binomial(16, (1 - p) ** 4) / 16
+    s.update(frac_zero_std=zero_correct + zero_wrong, frac_zero_std_correct=zero_correct, frac_zero_std_wrong=zero_wrong)
+    s["_group_size"] = np.array([4.0])
+    return s
+
+
+def h6_loss_laplace(rng):
+    """Healthy, with a Laplace loss noise (exponential tails, 1.5x the usual scale)."""
+    s = _healthy(rng)
+    s["loss"] = 0.04 * s["kl"] + rng.laplace(0, 0.003 / np.sqrt(2), N)
+    return s
+
+
+def h6_entropy_oscillate(rng):
+    """Healthy: the entropy swings with a sampling-temperature schedule (+- 0.05, a period of 60 steps)."""
+    s = _healthy(rng)
+    t = np.arange(N, dtype=float)
+    s["entropy"] = 0.6 - 0.1 * t / N + 0.05 * np.sin(2 * np.pi * t / 60) + 0.03 * rng.standard_normal(N)
+    s["entropy_norm"] = s["entropy"] / np.log(15)
+    return s
+
+
+def r6_kl_exp_after_hump(rng):
+    """A warm-up KL hump (as h6_kl_warmup_hump), then from the onset exponential growth (from 0.01, doubling
+    every ~12 steps); the accuracy falls from 50 steps after the onset."""
+    s = h6_kl_warmup_hump(rng)
+    s.update({k: v for k, v in _with_p(rng, _decline(0.6, 0.15, 50)).items() if k in ("_acc_true", "sample_acc")})
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.01 * (np.exp((t - ONSET) / 17.0) - 1), 0.0)
+    return s
+
+
+def r6_length_jump_creep(rng):
+    """Lengths jump at the onset (3.5 -> 12 tokens within 10 steps), then creep linearly to 95 % of the cap;
+    the capped share follows to 80 %; the accuracy falls from 55 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 55))
+    t = np.arange(N, dtype=float)
+    jump = 8.5 * np.clip((t - ONSET) / 10, 0, 1)
+    creep = (0.95 * MAX_NEW - 12) * np.clip((t - ONSET - 10) / (N - ONSET - 10), 0, 1)
+    s["response_len"] = 3.5 + jump + creep + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.8 * np.clip((t - ONSET - 10) / (N - ONSET - 10), 0, 1)) / (P * G)
+    return s
+
+
+def r6_format_fast_fall(rng):
+    """A format reward climbs from the onset (0.4 -> 1.0 over 60 steps) while the verifier's acceptance falls fast
+    (to 0.1 by the end); held-out sees it ~10 steps later."""
+    t = np.arange(N, dtype=float)
+    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
+    p[ONSET:] = np.linspace(p[ONSET], 0.1, N - ONSET)
+    lag = np.concatenate([np.full(10, p[0]), p[:-10]])
+    s = _with_p(rng, lag)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, 0.4 + 0.6 * np.clip((t - ONSET) / 60, 0, 1)) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
+    return s
+
+
+REPORT6_SLOW = (r6_kl_exp_after_hump, r6_length_jump_creep, r6_format_fast_fall)
+REPORT6_HEALTHY = (h6_kl_warmup_hump, h6_kl_milestones, h6_kl_slow_cycle, h6_group_of_4, h6_loss_laplace,
+                   h6_entropy_oscillate)
+REPORT6_SEEDS = range(6000, 6300)
+SLOW_REPORT6_SEEDS = range(6000, 6020)
 
 
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
