@@ -17,8 +17,11 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   3000-3299: committed before any detector ran on them, measured once, then seen and fitted on in the
   fourth pass), report set 4 (zoo.REPORT4_SLOW, seeds 4000-4019; zoo.REPORT4_HEALTHY, seeds
   4000-4299: committed before any detector ran on them, measured once, then seen and fitted on in the
-  fifth pass) and report set 5 (zoo.REPORT5_SLOW, seeds 5000-5019; zoo.REPORT5_HEALTHY, seeds 5000-5299:
-  committed before any detector ran on them);
+  fifth pass), report set 5 (zoo.REPORT5_SLOW, seeds 5000-5019; zoo.REPORT5_HEALTHY, seeds 5000-5299:
+  committed before any detector ran on them, measured once, then seen: the forecast hold came from it) and
+  report set 6 (zoo.REPORT6_SLOW, seeds 6000-6019; zoo.REPORT6_HEALTHY, seeds 6000-6299: declared after
+  set 5's measurement, before the change it led to). Each slow row also prints `oracle`: the lead a test
+  knowing the onset and the mean path could reach at the detectors' false-alarm rate (oracle_step);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
   decaying beta, a gameable length reward, a drifting sampling temperature, a high LR), diagnosed
   online by the trainer's own monitor, and healthy default runs over several seeds.
@@ -37,6 +40,7 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -78,6 +82,36 @@ def fixtures() -> list[dict]:
 
 
 SLOW = ("loss_blowup", "kl_acceleration", "entropy_drift", "length_drift", "format_hacking")
+# The signal an oracle reads for each slow pathology (by the word in its generator's name): the one whose
+# change is the damage's own evidence. Lengths and KL are the pathology itself; for entropy the row's critical
+# needs the reward falling (an entropy rising alone is not damage: the book's stable 7_4 run), so the reward;
+# for format hacking the correctness under the format reward. None for the loss: its noise is heavy-tailed,
+# and a Gaussian bound says nothing there.
+ORACLE_SIGNAL = {"length": "response_len", "kl": "kl", "entropy": "reward", "format": "reward_correct", "loss": None}
+ORACLE_RATE = 1e-5  # false alarms a step: the detectors' own budget (loss_blowup_arl, acc_decline_rate)
+
+
+def oracle_step(gen, runs: int = 200, rate: float = ORACLE_RATE) -> int | None:
+    """The first step at which a test that knows the onset and the mean path of the pathology's signal
+    (ORACLE_SIGNAL) could see it, at `rate` false alarms a step: the matched filter over the steps since
+    the onset, sqrt(sum delta_t^2) / sigma >= z = Phi^-1(1 - rate), delta_t the mean path's departure from
+    its level over the 40 steps before the onset, sigma the signal's per-step noise (its sd over `runs` seeds
+    before the onset). The level, not the line before the onset: a healthy run's reward flattens (diminishing
+    returns), so what it would have done next is not knowable, only where it stood. No detector that must also
+    find the onset and the shape does better, so damage - this step bounds the lead any detector can reach at
+    that rate (docs/lead-time.md, fifth pass)."""
+    import zoo
+
+    signal = next((v for k, v in ORACLE_SIGNAL.items() if k in gen.__name__), None)
+    if signal is None:
+        return None
+    onset, _ = zoo.truth(gen, 0)
+    x = np.array([gen(np.random.default_rng(seed))[signal] for seed in range(runs)])  # [runs, N]
+    mu, before = x.mean(0), np.arange(onset - 40, onset)
+    delta = mu[onset:] - mu[before].mean()
+    snr = np.sqrt(np.cumsum(delta**2)) / x[:, before].std(0).mean()
+    seen = np.flatnonzero(snr >= NormalDist().inv_cdf(1 - rate))
+    return int(onset + seen[0] + 1) if len(seen) else None  # a row's step is its index + 1 (zoo.truth's damage too)
 
 
 def zoo_table(seeds, gens=None) -> list[dict]:
@@ -107,7 +141,10 @@ def zoo_table(seeds, gens=None) -> list[dict]:
 
         def mean(xs):
             return float(np.nanmean(xs)) if len(xs) and not np.all(np.isnan(xs)) else None
+        slow = gens is not None or gen.__name__ in SLOW  # the report sets' shapes are all slow ones
+        oracle = oracle_step(gen) if slow and dmg is not None else None
         rows.append({"pathology": gen.__name__, "onset": onset, "damage": dmg, "first_warning": med(fw),
+                     "oracle_lead": dmg - oracle if oracle is not None else None,
                      "first_critical": med(fc), "warning_lead": med(wl), "warning_lead_min": lo(wl),
                      "lead": med(cl), "lead_min": lo(cl), "lead_mean": mean(cl), "seeds": len(seeds),
                      "critical_before_damage": int(np.sum(np.asarray(cl) > 0)) if cl else 0})
@@ -139,14 +176,14 @@ def false_pages(families, seeds) -> list[dict]:
 
 def print_zoo(rows: list[dict], label: str) -> None:
     print(f"zoo, {label} ({rows[0]['seeds']} seeds; medians, min in brackets) {'onset':>6} {'damage':>6} {'1st warn':>8} "
-          f"{'1st crit':>8} {'warn lead':>11} {'lead':>11}")
+          f"{'1st crit':>8} {'warn lead':>11} {'lead':>11} {'oracle':>6}")
     for r in rows:
         print(f"  {r['pathology']:43} {fmt(r['onset']):>6} {fmt(r['damage']):>6} {fmt(r['first_warning']):>8} "
               f"{fmt(r['first_critical']):>8} {fmt(r['warning_lead']):>5} ({fmt(r['warning_lead_min']):>4}) "
-              f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4})")
+              f"{fmt(r['lead']):>5} ({fmt(r['lead_min']):>4}) {fmt(r['oracle_lead']):>6}")
     import zoo
 
-    slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW}
+    slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW + zoo.REPORT6_SLOW}
     slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
@@ -372,7 +409,10 @@ def main() -> None:
         print_zoo(held4, "report set 4 (new shapes, seen), seeds 4000-%d" % (3999 + min(args.seeds, len(zoo.SLOW_REPORT4_SEEDS))))
         # Report set 5 (fifth pass): declared before any detector ran on it; report set 4 is seen now.
         report["zoo_report5"] = held5 = zoo_table(zoo.SLOW_REPORT5_SEEDS[:args.seeds], zoo.REPORT5_SLOW)
-        print_zoo(held5, "report set 5 (new shapes), seeds 5000-%d" % (4999 + min(args.seeds, len(zoo.SLOW_REPORT5_SEEDS))))
+        print_zoo(held5, "report set 5 (new shapes, seen), seeds 5000-%d" % (4999 + min(args.seeds, len(zoo.SLOW_REPORT5_SEEDS))))
+        # Report set 6 (fifth pass): declared after set 5 was measured, before the forecast hold was added for it.
+        report["zoo_report6"] = held6 = zoo_table(zoo.SLOW_REPORT6_SEEDS[:args.seeds], zoo.REPORT6_SLOW)
+        print_zoo(held6, "report set 6 (new shapes), seeds 6000-%d" % (5999 + min(args.seeds, len(zoo.SLOW_REPORT6_SEEDS))))
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
         report["false_pages"] = fp = false_pages(zoo.FIT_HEALTHY, zoo.FIT_SEEDS[:runs])
         print_false_pages(fp, "fit set")
@@ -385,7 +425,9 @@ def main() -> None:
         report["false_pages_report4"] = fp_report4 = false_pages(zoo.REPORT4_HEALTHY, zoo.REPORT4_SEEDS[:runs])
         print_false_pages(fp_report4, "report set 4 (seen)")
         report["false_pages_report5"] = fp_report5 = false_pages(zoo.REPORT5_HEALTHY, zoo.REPORT5_SEEDS[:runs])
-        print_false_pages(fp_report5, "report set 5")
+        print_false_pages(fp_report5, "report set 5 (seen)")
+        report["false_pages_report6"] = fp_report6 = false_pages(zoo.REPORT6_HEALTHY, zoo.REPORT6_SEEDS[:runs])
+        print_false_pages(fp_report6, "report set 6")
         from benchmarks import bench_wild
 
         report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))

@@ -92,6 +92,15 @@ def test_forecast_stage_pages_critical_20_steps_before_the_damage(gen):
     assert np.mean(leads) >= 20 and min(leads) > 0, leads
 
 
+def test_kl_acceleration_forecasts_from_a_ratio_two_windows_show():
+    """A KL swinging with a cyclic learning rate (zoo h5_kl_cosine, report set 5, seen) doubles within the window
+    out of each trough and turns: ten windows of that one ratio paged critical on 11 of these 50 runs. With the
+    smaller of the last two windows' ratios (an exponential's ratio holds window after window), 1."""
+    paged = sum(any(c.id == "kl_acceleration" and c.severity == "critical"
+                    for c in diagnose(zoo.make(zoo.h5_kl_cosine, seed)).conditions) for seed in range(5000, 5050))
+    assert paged <= 2, paged
+
+
 def test_trend_and_forecast_arithmetic():
     """_trend is the least-squares line over the trailing n rows with the slope's SE from the step noise; a
     line with no noise has slope, end and SE exactly (0.004 a row, its last value, 0). _forecast extrapolates

@@ -108,8 +108,8 @@ def _foresee(p: "RuleParams") -> dict[str, str]:
         return f"avg {by} (predict_linear({series(p, metric)}[{w2}], {h}))"
 
     foresee = {
-        # At its own growth ratio a window (r = this window's mean over the last's), KL is m0 r^(H/w) at H.
-        "kl_acceleration": f"grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev, 1) "
+        # At the growth ratio a window both of the last two windows show (r), KL is m0 r^(H/w) at H.
+        "kl_acceleration": f"grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:ratio_w, 1) "
                            f"^ {_num(t.forecast_windows)} > {_num(t.kl_bound)}",
         "length_drift": f"{line('grpo_truncation_rate')} >= {_num(t.truncation_capped)}",
         "correctness_drop": f"{line('grpo_train_accuracy')}\n< {_num(1 - t.correctness_drop)} * "
@@ -215,6 +215,11 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:avg_w": avg("grpo_kl_mean", w),
         "grpo:kl_mean:avg_w_prev": avg("grpo_kl_mean", w, w),
         "grpo:kl_mean:avg_w_prev2": avg("grpo_kl_mean", w, w2),
+        # The KL's growth ratio a window that the last two windows both show (the smaller of m0 / m1 and
+        # m1 / m2: `a <= b or b` is min(a, b)), which kl_acceleration's forecast raises to its horizon.
+        "grpo:kl_mean:ratio_w": ("grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev\n"
+                                 "<= grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2\n"
+                                 "or grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2"),
         # The KL five windows back: kl_runaway needs growth, not an offset the run started with.
         "grpo:kl_mean:avg_w_prev5": avg("grpo_kl_mean", w, duration(5 * p.window)),
         "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='outcome="any"'),

@@ -84,6 +84,11 @@ groups:
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
   - record: grpo:kl_mean:avg_w_prev2
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))
+  - record: grpo:kl_mean:ratio_w
+    expr: |-
+      grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev
+      <= grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2
+      or grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2
   - record: grpo:kl_mean:avg_w_prev5
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }}))
   - record: grpo:frac_zero_std:avg_w
@@ -369,7 +374,7 @@ groups:
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
       )
-      and grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev, 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+      and grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:ratio_w, 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: critical
@@ -1686,7 +1691,9 @@ groups:
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
           )
-          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * clamp_min((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))), 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * clamp_min(((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
+          <= (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
+          or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))), 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
         refId: A
         instant: true
         range: false
