@@ -101,6 +101,18 @@ def test_kl_acceleration_forecasts_from_a_ratio_two_windows_show():
     assert paged <= 2, paged
 
 
+def test_kl_only_learning_needs_the_loss_median_to_fall_beyond_its_noise():
+    """A loss whose KL term (~0.001) sits under its noise (0.002) with 5 % of updates 15x larger (zoo
+    h5_loss_contaminated, report set 5, seen): a spike inflates one window's mean, the next "falls", and its
+    median halves by chance: 5 of these 100 runs warned. With the medians' fall beyond 5 sqrt 2 of their
+    standard errors, none; the row's own scenario (a KL term shrinking 20x under little noise) still fires."""
+    warned = sum(any(c.id == "kl_only_learning" for c in diagnose(zoo.make(zoo.h5_loss_contaminated, seed)).conditions)
+                 for seed in range(5000, 5100))
+    assert warned <= 1, warned
+    assert all(any(c.id == "kl_only_learning" for c in diagnose(zoo.make(zoo.kl_only_learning, seed)).conditions)
+               for seed in range(5))
+
+
 def test_trend_and_forecast_arithmetic():
     """_trend is the least-squares line over the trailing n rows with the slope's SE from the step noise; a
     line with no noise has slope, end and SE exactly (0.004 a row, its last value, 0). _forecast extrapolates

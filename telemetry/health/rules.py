@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING, KL_ACCEL_Z, MIN_STEPS
+from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING, KL_ACCEL_Z, MEDIAN_SE_PER_IQR, MIN_STEPS
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.health.thresholds import Thresholds, threshold_error
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
@@ -232,6 +232,9 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:loss:avg_2w_prev2": avg("grpo_loss", w2, w2),
         "grpo:loss:median_2w": f"avg {by} (quantile_over_time(0.5, {loss}[{w2}]))",
         "grpo:loss:median_2w_prev2": f"avg {by} (quantile_over_time(0.5, {loss}[{w2}] offset {w2}))",
+        # Its interquartile range: the loss's noise, robust to the spikes a mean or sd would take in.
+        "grpo:loss:iqr_2w_prev2": f"avg {by} (quantile_over_time(0.75, {loss}[{w2}] offset {w2})\n"
+                                  f"- quantile_over_time(0.25, {loss}[{w2}] offset {w2}))",
         # Steps the window holds: changes of the step counter, not scrapes (a scrape faster than the
         # steps sees each step several times, and repeated samples are not independent ones).
         "grpo:steps:seen_w": f"max {by} (changes({step}[{w}])) + 1",
@@ -362,6 +365,8 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w\n"
             f"and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > {_num(5 * math.sqrt(2))} * grpo:loss:se_2w\n"
             "and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2\n"
+            "and grpo:loss:median_2w_prev2 - grpo:loss:median_2w\n"
+            f"  > {_num(5 * math.sqrt(2) * MEDIAN_SE_PER_IQR)} * grpo:loss:iqr_2w_prev2 / sqrt(grpo:steps:seen_2w)\n"
             f"and grpo:steps:seen_2w >= {2 * MIN_STEPS}\nand {flat}\nand {_aged(p, 4)}",
             "loss fell to {{ $value }} while the reward is flat",
             f"The loss's {duration(2 * p.window)} mean ({{{{ $value }}}}) is below half its value {duration(2 * p.window)} "

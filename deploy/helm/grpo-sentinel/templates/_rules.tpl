@@ -109,6 +109,10 @@ groups:
     expr: avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
   - record: grpo:loss:median_2w_prev2
     expr: avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))
+  - record: grpo:loss:iqr_2w_prev2
+    expr: |-
+      avg by (job, instance, run_id) (quantile_over_time(0.75, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+      - quantile_over_time(0.25, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))
   - record: grpo:steps:seen_w
     expr: max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1
   - record: grpo:steps:seen_2w
@@ -525,6 +529,8 @@ groups:
       and grpo:loss:avg_2w_prev2 > 5 * grpo:loss:se_2w
       and grpo:loss:avg_2w_prev2 - grpo:loss:avg_2w > 7.07107 * grpo:loss:se_2w
       and grpo:loss:median_2w < 0.5 * grpo:loss:median_2w_prev2
+      and grpo:loss:median_2w_prev2 - grpo:loss:median_2w
+        > 6.56944 * grpo:loss:iqr_2w_prev2 / sqrt(grpo:steps:seen_2w)
       and grpo:steps:seen_2w >= 10
       and abs(grpo:reward_mean:gain_2w) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
@@ -2151,6 +2157,9 @@ groups:
           and (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) > 7.07107 * (avg by (job, instance, run_id) (stddev_over_time(grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))
           / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1)))
           and (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]))) < 0.5 * (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
+          and (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (quantile_over_time(0.5, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))
+            > 6.56944 * (avg by (job, instance, run_id) (quantile_over_time(0.75, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})
+          - quantile_over_time(0.25, grpo_loss[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])) + 1) >= 10
           and abs((2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_reward_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}])))))) < {{ printf "%.6g" (float64 (mulf $reward_drop $max_reward)) }}
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
