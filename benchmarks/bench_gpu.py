@@ -7,8 +7,10 @@ projections, beta > 0, no gradient checkpointing for either. Four variants, each
 ours (the fused decode step, captured once per sampling call as a CUDA graph and replayed per token), ours
 with that step launched op by op (`ours_eager`: what the graph saves), ours with HF's forward for every
 token (`ours_exact`: what the fused step saves), and TRL (skipped, and said, where TRL is not installed).
-After warm-up steps, the median step time gives completions/s and completion tokens/s, and
-torch.cuda.max_memory_allocated the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
+First, `check`: the decoder's log-probabilities against HF's forward along its own trajectory, captured and
+op by op (the contract tests/test_rollout.py holds on the CPU, where no graph is captured). After warm-up
+steps, the median step time gives completions/s and completion tokens/s, and torch.cuda.max_memory_allocated
+the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
 
     pip install -e '.[bench]'
     python benchmarks/bench_gpu.py                 # needs CUDA
@@ -74,6 +76,63 @@ def worker_ours(path: Path, max_new: int, steps: int, device: str, decoding: str
     return {"times": times, "tokens": float(stats.response_len) * G * PROMPTS, "peak": _peak(device)}
 
 
+def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
+    """The captured step's correctness on this device, before any timing: along its own trajectory, every
+    token's log-probability against HF's forward over the finished sequences (tests/test_rollout.py's contract,
+    which the CPU can only check by re-running the step), for the graph and for the step op by op, from one
+    seed. bf16 rounds at ~4e-3 relative: a wrong mask or position is off by whole units."""
+    import dataclasses
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_sentinel.service.data import read_jsonl
+    from grpo_sentinel.service.grpo import lora
+    from grpo_sentinel.service.grpo.decoder import Decoder
+    from grpo_sentinel.service.grpo.rollout import decode, position_ids, sampling_draw
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device),
+                           LoraConfig(r=common.RANK, lora_alpha=2 * common.RANK, target_modules=common.TARGETS))
+    with torch.no_grad():  # a trained adapter: B is not zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    tokenizer.padding_side = "left"
+    prompts = [e.prompt for e in read_jsonl(common.dataset())][:PROMPTS]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    row = torch.arange(PROMPTS, device=device).repeat_interleave(G)
+    new = min(max_new, 64)  # the check's logits are [64 rows, tokens, V] per path: a few GB at V = 151,936
+    out: dict = {}
+    with torch.no_grad(), lora.folded(model) as net:
+        step = Decoder.of(net)
+        if step is None:
+            return {"error": "the decoder declined the model"}
+        for name, capture in (("graph", step.capture or (lambda fn: fn)), ("eager", None)):  # CPU: the re-run
+            seen = []
+
+            def draw(logits):
+                seen.append(logits)
+                return sampling_draw(1.0, 1.0)(logits)
+
+            torch.manual_seed(1)
+            ids = decode(net, enc["input_ids"], enc["attention_mask"], row, new, draw=draw,
+                         eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
+                         step=dataclasses.replace(step, capture=capture))
+            mask = torch.cat([enc["attention_mask"][row], torch.ones_like(ids)], 1)
+            Lp, T = enc["input_ids"].shape[1], ids.shape[1]
+            hf = net(input_ids=torch.cat([enc["input_ids"][row], ids], 1), attention_mask=mask,
+                     position_ids=position_ids(mask)).logits[:, Lp - 1 : Lp + T - 1]
+            diff = (torch.stack(seen, 1).log_softmax(-1) - hf.float().log_softmax(-1)).abs()
+            out[name] = {"max_logprob_diff": diff.max().item(), "mean_logprob_diff": diff.mean().item(), "tokens": T,
+                         "captured": capture is not None and capture is step.capture}
+            out[f"{name}_ids"] = ids
+    out["same_tokens"] = bool(torch.equal(out.pop("graph_ids"), out.pop("eager_ids")))
+    return out
+
+
 def worker_trl(path: Path, max_new: int, steps: int, device: str) -> dict:
     import torch
     from datasets import Dataset
@@ -134,13 +193,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny model, 16 tokens, on the CPU: the script runs end to end")
     ap.add_argument("--steps", type=int, help="steps per trainer, the first two are warm-up (default 5, smoke 3)")
-    ap.add_argument("--worker", choices=VARIANTS)
+    ap.add_argument("--worker", choices=["check", *VARIANTS])
     ap.add_argument("--model", type=Path)
     ap.add_argument("--max-new", type=int)
     ap.add_argument("--device")
     args = ap.parse_args()
     if args.worker:
-        fn = {"ours": worker_ours, "ours_eager": functools.partial(worker_ours, decoding="eager"),
+        fn = {"check": worker_check, "ours": worker_ours, "ours_eager": functools.partial(worker_ours, decoding="eager"),
               "ours_exact": functools.partial(worker_ours, decoding="exact"), "trl": worker_trl}
         print(json.dumps(fn[args.worker](args.model, args.max_new, args.steps, args.device)))
         return
@@ -168,6 +227,17 @@ def main() -> None:
         print(f"model: Qwen2 {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, V=151936, bf16; "
               f"G={G} x {PROMPTS} prompts, {max_new} new tokens, r={common.RANK}, beta={common.BETA}; "
               f"built in {time.perf_counter() - t_start:.0f} s", flush=True)
+        check = subprocess.run([sys.executable, __file__, "--worker", "check", "--model", str(path), "--max-new",
+                                str(max_new), "--steps", "0", "--device", device], capture_output=True, text=True, env=env)
+        if check.returncode != 0:
+            print(f"  check failed:\n{check.stderr[-3000:]}", flush=True)
+        else:  # the decoder's own log-probabilities against HF's forward, along its trajectory (worker_check)
+            c = json.loads(check.stdout.strip().splitlines()[-1])
+            print("  check: " + (c["error"] if "error" in c else "; ".join(
+                f"{k} ({'CUDA graph' if c[k]['captured'] else 'op by op' if k == 'eager' else 'no CUDA: re-run'}) "
+                f"max |log-prob - HF's| "
+                f"{c[k]['max_logprob_diff']:.3g}, mean {c[k]['mean_logprob_diff']:.2g} over {c[k]['tokens']} tokens"
+                for k in ("graph", "eager")) + f"; the same tokens from one seed: {c['same_tokens']}"), flush=True)
         results = {}
         for variant in [v for v in VARIANTS if v != "trl" or importlib.util.find_spec("trl")]:
             out = subprocess.run([sys.executable, __file__, "--worker", variant, "--model", str(path), "--max-new",
