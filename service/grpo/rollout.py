@@ -8,7 +8,7 @@ loop does no per-token work beyond the forward pass, the draw and the stop check
 models that forward pass is decoder.py's run (fused projections, attention as two batched matmuls, a
 fraction of HF's ops per token), which computes the same logits to float precision. The draw itself is
 generate()'s: the same logits processors (non-finite values removed, temperature, top-p; no top-k)
-and the same softmax + multinomial on the same random stream, so equal logits give equal tokens.
+and the same softmax + multinomial draw on the same random stream, so equal logits give equal tokens.
 """
 
 from __future__ import annotations
@@ -213,9 +213,18 @@ def sampling_draw(temperature: float, top_p: float):
         logits = _finite(logits)
         for w in warpers:
             logits = w(None, logits)
-        return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1).squeeze(1)
+        return _race(torch.softmax(logits, dim=-1))
 
     return draw
+
+
+def _race(probs: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B]: torch.multinomial(probs, 1)'s own algorithm (argmax of p / E, E ~ Exp(1): the exponential
+    race), the same draws from the same random stream, without its validity checks: they read the tensor back
+    to the host, two syncs a token on a GPU in the torch versions that still check synchronously (pytorch
+    #108968). These probabilities are a softmax of finite logits, valid by construction. tests/test_rollout.py
+    holds the draws to generate()'s, token for token."""
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(-1)
 
 
 def _finite(logits: torch.Tensor) -> torch.Tensor:
