@@ -28,20 +28,13 @@ PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3=", "61+19=", "8+80=
 
 def sampling(setting: str, repeats: int, tmp: Path, clock) -> dict[bool, list[float]]:
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_sentinel.service.grpo.rollout import sample
 
     path = common.model_dir(setting, tmp)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path),
-                           LoraConfig(r=common.RANK, lora_alpha=2 * common.RANK, target_modules=common.TARGETS))
-    with torch.no_grad():  # a trained adapter: B is not zero
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
+    model = common.trained_adapter(AutoModelForCausalLM.from_pretrained(path))
     prompts = [p for p in PROMPTS for _ in range(common.G)]
     times = {True: [], False: []}  # exact (HF's forward) -> seconds per sample()
     for r in range(repeats + 1):

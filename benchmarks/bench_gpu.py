@@ -84,7 +84,6 @@ def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
     import dataclasses
 
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_sentinel.service.data import read_jsonl
@@ -93,13 +92,7 @@ def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
     from grpo_sentinel.service.grpo.rollout import decode, position_ids, sampling_draw
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device),
-                           LoraConfig(r=common.RANK, lora_alpha=2 * common.RANK, target_modules=common.TARGETS))
-    with torch.no_grad():  # a trained adapter: B is not zero
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
+    model = common.trained_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device))
     tokenizer.padding_side = "left"
     prompts = [e.prompt for e in read_jsonl(common.dataset())][:PROMPTS]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)

@@ -94,6 +94,21 @@ def ours(model: Path, max_new_tokens: int, *overrides: str, data: Path | None = 
                 BatchSampler(len(data_.train), cfg.run.seed))
 
 
+def trained_adapter(base):
+    """`base` with the benchmarks' LoRA (r = RANK on TARGETS) whose B is not zero, as after training (a fresh
+    adapter's B is zero: sampling would not see it). Seeded: the same adapter every call."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model
+
+
 def machine() -> str:
     """The facts that change a ratio: CPU model, native bf16 (else bf16 is emulated, ~8x slower),
     torch threads and version, GPU if any."""

@@ -134,7 +134,6 @@ def test_a_step_the_device_will_not_capture_decodes_eagerly(model, tokenizer, ca
     def refuse(step):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    prompts = [p for p in PROMPTS[:2] for _ in range(4)]
     tokenizer.padding_side = "left"
     enc = tokenizer(PROMPTS[:2], return_tensors="pt", padding=True, add_special_tokens=False)
     row = torch.arange(2).repeat_interleave(4)
@@ -145,7 +144,7 @@ def test_a_step_the_device_will_not_capture_decodes_eagerly(model, tokenizer, ca
             out[name] = decode(net, enc["input_ids"], enc["attention_mask"], row, 8, draw=sampling_draw(1.0, 1.0),
                                eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
                                step=dataclasses.replace(Decoder.of(net), capture=capture))
-    assert len(prompts) == len(out["refused"]) and torch.equal(out["refused"], out["eager"])
+    assert len(out["refused"]) == len(row) and torch.equal(out["refused"], out["eager"])
     assert "decoding without a captured step (operation not permitted" in caplog.text
 
 

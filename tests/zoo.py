@@ -75,6 +75,26 @@ def _with_p(rng, p: np.ndarray, acc_scale: float | np.ndarray = 0.9) -> dict[str
     return s
 
 
+def _format_hacked(rng, delay: int, to: float, lag: int, fmt: np.ndarray) -> dict[str, np.ndarray]:
+    """Format hacking: the verifier's acceptance p rises as a healthy run's, then from ONSET + delay falls
+    linearly to `to` at the end, while a format reward paid with probability `fmt` [N] holds or rises (the
+    combined reward is their sum); the held-out accuracy follows p `lag` steps later."""
+    p = _decline(0.6, to, delay)
+    late = np.concatenate([np.full(lag, p[0]), p[:-lag]])
+    s = _with_p(rng, late)
+    correct = rng.binomial(P * G, p) / (P * G)
+    fmt = rng.binomial(P * G, fmt) / (P * G)
+    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
+    return s
+
+
+def _flat_then_falls(delay: int) -> np.ndarray:
+    """The reward flat at 0.45, then from ONSET + delay linearly down to 0.2 at the end."""
+    p = np.full(N, 0.45)
+    p[ONSET + delay :] = np.linspace(0.45, 0.2, N - ONSET - delay)
+    return p
+
+
 def _decline(a: float, b: float, delay: int) -> np.ndarray:
     """The healthy rise up to ONSET + delay, then linearly down to b: damage follows an onset `delay` steps later."""
     t = np.arange(N, dtype=float)
@@ -228,9 +248,7 @@ def kl_acceleration(rng):
 
 def entropy_drift(rng):
     """Entropy drifts up slowly from the onset while the reward is flat; the accuracy falls later."""
-    p = np.full(N, 0.45)
-    p[ONSET + 50 :] = np.linspace(0.45, 0.2, N - ONSET - 50)
-    s = _with_p(rng, p)
+    s = _with_p(rng, _flat_then_falls(50))
     s["entropy"] = _ramp(0.6, 1.5) + 0.03 * rng.standard_normal(N)
     s["entropy_norm"] = s["entropy"] / np.log(15)
     return s
@@ -386,11 +404,7 @@ def report_plateau_150(rng):
 
 def _evaluated(rng, n: int, every: int) -> dict[str, np.ndarray]:
     """A healthy run evaluated every `every` steps on `n` problems (binomial draws of its true accuracy)."""
-    s = _healthy(rng)
-    s["sample_acc"][:] = np.nan
-    s["sample_acc"][every - 1 :: every] = rng.binomial(n, s["_acc_true"][every - 1 :: every]) / n
-    s["_eval_n"] = np.array([float(n)])
-    return s
+    return _with_evals(_healthy(rng), rng, every, n)
 
 
 def report_noisy_eval_30(rng):
@@ -501,24 +515,13 @@ def r3_kl_quadratic(rng):
 def r3_format_saturate_early(rng):
     """A gameable format reward saturates within 20 steps of the onset (0.6 -> 1.0); the verifier's acceptance
     then erodes slowly (to 0.3 at the end); held-out sees it ~30 steps later."""
-    t = np.arange(N, dtype=float)
-    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
-    p[ONSET:] = np.linspace(p[ONSET], 0.3, N - ONSET)
-    lag = np.concatenate([np.full(30, p[0]), p[:-30]])
-    s = _with_p(rng, lag)
-    correct = rng.binomial(P * G, p) / (P * G)
-    fmt = rng.binomial(P * G, np.clip(0.6 + 0.4 * _ease(ONSET, 1.0, ONSET + 20), 0, 1)) / (P * G)
-    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
-    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
-    return s
+    return _format_hacked(rng, 0, 0.3, 30, np.clip(0.6 + 0.4 * _ease(ONSET, 1.0, ONSET + 20), 0, 1))
 
 
 def r3_entropy_late_fall(rng):
     """Entropy creeps up from the onset (0.6 -> 1.4) with the reward flat; the reward and the accuracy fall
     late, from 90 steps after the onset."""
-    p = np.full(N, 0.45)
-    p[ONSET + 90 :] = np.linspace(0.45, 0.2, N - ONSET - 90)
-    s = _with_p(rng, p)
+    s = _with_p(rng, _flat_then_falls(90))
     s["entropy"] = _ramp(0.6, 1.4) + 0.03 * rng.standard_normal(N)
     s["entropy_norm"] = s["entropy"] / np.log(15)
     return s
@@ -674,9 +677,7 @@ def r4_loss_exp_heavy_base(rng):
 def r4_entropy_step_creep(rng):
     """Entropy steps up at the onset (0.6 -> 0.8) and creeps on to 1.6 with the reward flat; the reward and the
     accuracy fall from 60 steps after the onset."""
-    p = np.full(N, 0.45)
-    p[ONSET + 60 :] = np.linspace(0.45, 0.2, N - ONSET - 60)
-    s = _with_p(rng, p)
+    s = _with_p(rng, _flat_then_falls(60))
     on = np.arange(N) >= ONSET
     s["entropy"] = np.where(on, 0.8 + 0.8 * _ease(ONSET), 0.6) + 0.03 * rng.standard_normal(N)
     s["entropy_norm"] = s["entropy"] / np.log(15)
@@ -686,16 +687,7 @@ def r4_entropy_step_creep(rng):
 def r4_format_slow_rise(rng):
     """A gameable format reward rises slowly from the onset (0.5 -> 1.0 over 150 steps) while the verifier's
     acceptance falls linearly (to 0.2 at the end); held-out sees it ~20 steps later."""
-    t = np.arange(N, dtype=float)
-    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
-    p[ONSET:] = np.linspace(p[ONSET], 0.2, N - ONSET)
-    lag = np.concatenate([np.full(20, p[0]), p[:-20]])
-    s = _with_p(rng, lag)
-    correct = rng.binomial(P * G, p) / (P * G)
-    fmt = rng.binomial(P * G, np.clip(_ramp(0.5, 1.0), 0, 1)) / (P * G)
-    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
-    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
-    return s
+    return _format_hacked(rng, 0, 0.2, 20, np.clip(_ramp(0.5, 1.0), 0, 1))
 
 
 def h4_loss_sqrt_x10(rng):
@@ -756,8 +748,7 @@ def h4_late_learner(rng):
 
 
 def _with_evals(s: dict, rng, every: int, n: int) -> dict:
-    """The run's held-out evaluations replaced: every `every` steps on `n` problems, of its noise-free accuracy
-    (as _evaluated, for any run)."""
+    """The run's held-out evaluations replaced: every `every` steps on `n` problems, of its noise-free accuracy."""
     acc = np.full(N, np.nan)
     acc[every - 1 :: every] = rng.binomial(n, s["_acc_true"][every - 1 :: every]) / n
     s["sample_acc"], s["_eval_n"] = acc, np.array([float(n)])
@@ -766,7 +757,7 @@ def _with_evals(s: dict, rng, every: int, n: int) -> dict:
 
 def h5_eval_small_frequent(rng):
     """Healthy, evaluated every 5 steps on 50 problems (small, frequent evaluations: many noisy tests a run)."""
-    return _with_evals(_healthy(rng), rng, 5, 50)
+    return _evaluated(rng, 50, every=5)
 
 
 def h5_two_stage(rng):
@@ -830,9 +821,7 @@ def r5_kl_exp_fast(rng):
 def r5_entropy_linear_fast(rng):
     """Entropy creeps linearly from the onset (0.6 -> 2.0 at the end) with the reward flat; the reward and the
     accuracy fall from 40 steps after the onset."""
-    p = np.full(N, 0.45)
-    p[ONSET + 40 :] = np.linspace(0.45, 0.2, N - ONSET - 40)
-    s = _with_p(rng, p)
+    s = _with_p(rng, _flat_then_falls(40))
     s["entropy"] = _ramp(0.6, 2.0) + 0.03 * rng.standard_normal(N)
     s["entropy_norm"] = s["entropy"] / np.log(15)
     return s
@@ -842,16 +831,7 @@ def r5_format_jump_then_fall(rng):
     """A gameable format reward jumps at the onset (0.5 -> 0.9 within 20 steps) while the verifier's acceptance
     falls linearly from 10 steps after it (to 0.25 at the end); held-out sees it ~15 steps later."""
     t = np.arange(N, dtype=float)
-    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
-    start = ONSET + 10
-    p[start:] = np.linspace(p[start], 0.25, N - start)
-    lag = np.concatenate([np.full(15, p[0]), p[:-15]])
-    s = _with_p(rng, lag)
-    correct = rng.binomial(P * G, p) / (P * G)
-    fmt = rng.binomial(P * G, 0.5 + 0.4 * np.clip((t - ONSET) / 20, 0, 1)) / (P * G)
-    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
-    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
-    return s
+    return _format_hacked(rng, 10, 0.25, 15, 0.5 + 0.4 * np.clip((t - ONSET) / 20, 0, 1))
 
 
 def r5_loss_exp_slow(rng):
@@ -957,15 +937,7 @@ def r6_format_fast_fall(rng):
     """A format reward climbs from the onset (0.4 -> 1.0 over 60 steps) while the verifier's acceptance falls fast
     (to 0.1 by the end); held-out sees it ~10 steps later."""
     t = np.arange(N, dtype=float)
-    p = 0.2 + 0.4 * (1 - np.exp(-t / 100))
-    p[ONSET:] = np.linspace(p[ONSET], 0.1, N - ONSET)
-    lag = np.concatenate([np.full(10, p[0]), p[:-10]])
-    s = _with_p(rng, lag)
-    correct = rng.binomial(P * G, p) / (P * G)
-    fmt = rng.binomial(P * G, 0.4 + 0.6 * np.clip((t - ONSET) / 60, 0, 1)) / (P * G)
-    s.update(train_acc=correct, reward_correct=correct, reward_format=fmt, reward=correct + fmt)
-    s["_acc_true"] = np.clip(lag * 0.9, 0, 1)
-    return s
+    return _format_hacked(rng, 0, 0.1, 10, 0.4 + 0.6 * np.clip((t - ONSET) / 60, 0, 1))
 
 
 REPORT6_SLOW = (r6_kl_exp_after_hump, r6_length_jump_creep, r6_format_fast_fall)
