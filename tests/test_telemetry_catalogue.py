@@ -244,3 +244,47 @@ def test_every_severity_a_detector_reports_a_row_at_is_one_of_its_exported_stage
     from grpo_sentinel.telemetry.health.table import TABLE
     staged = {r.id for r in TABLE if r.severity == "warning" and "critical" in r.severities}
     assert staged == {*ESCALATING, *FORECASTING}, "Row.stages names every drift row with a critical stage"
+
+
+@pytest.mark.parametrize("temporality", [AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA])
+def test_histograms_aggregate_as_the_sdks_explicit_bucket_histogram(temporality):
+    """telemetry/histograms.py against the SDK's own aggregation of the same values, collection by collection:
+    values on the bounds (upper-inclusive), below the first and above the last, two series, a series that gets
+    nothing in an interval."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    from grpo_sentinel.telemetry.histograms import Histograms, Spec
+
+    bounds = (0.1, 0.5, 1.0, 2.0)
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality})
+    provider = MeterProvider(metric_readers=[reader], views=[
+        View(instrument_name="h", aggregation=ExplicitBucketHistogramAggregation(bounds))])
+    sdk = provider.get_meter("t").create_histogram("h")
+    ours = Histograms({"h": Spec("h", "1", "", bounds)})
+    rng = np.random.default_rng(0)
+    on_bounds = np.array(bounds * 3)
+    batches = [({"s": "a"}, np.concatenate([on_bounds, rng.exponential(1.0, 40), [0.0, 7.5]])),
+               ({"s": "b"}, rng.exponential(0.3, 25)), ({"s": "a"}, rng.exponential(2.0, 10))]
+
+    def points(metrics):
+        return {tuple(p.attributes.items()): p for m in metrics if m.name == "h" for p in m.data.data_points}
+
+    for i, collection in enumerate(([batches[0], batches[1]], [batches[2]])):  # b gets nothing in the second
+        for attrs, values in collection:
+            for v in values:
+                sdk.record(float(v), attrs)
+            ours.add("h", values, attrs)
+        want = points(m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+                      for m in sm.metrics)
+        got = points(ours.metrics(temporality))
+        delta_later = temporality is AggregationTemporality.DELTA and i == 1
+        assert set(got) == set(want) and len(want) == (1 if delta_later else 2)
+        for key, w in want.items():
+            g = got[key]
+            assert (g.count, g.bucket_counts, g.explicit_bounds, g.min, g.max) == (
+                w.count, tuple(w.bucket_counts), tuple(w.explicit_bounds), w.min, w.max)
+            assert g.sum == pytest.approx(w.sum, rel=1e-12)
+            assert g.start_time_unix_nano <= g.time_unix_nano
+    provider.shutdown()
