@@ -63,7 +63,6 @@ class _Series:
 
 @dataclass(frozen=True)
 class Spec:
-    name: str
     unit: str
     description: str
     bounds: tuple[float, ...]
@@ -71,19 +70,23 @@ class Spec:
 
 @dataclass
 class Histograms:
-    """Cumulative histograms of the run, and the values since the last delta collection (for an OTLP
-    exporter that prefers delta; one such consumer at most, as the sink builds it). Thread-safe: the
-    telemetry worker adds, the readers' threads collect."""
+    """Cumulative histograms of the run (by name: `specs`) and, with `delta`, the values since the last
+    delta collection too (for an OTLP exporter that prefers delta; one such consumer at most, as the sink
+    builds it). Thread-safe: the telemetry worker adds, the readers' threads collect."""
 
     specs: dict[str, Spec]
+    delta: bool = False
     _series: dict[tuple[str, tuple[tuple[str, str], ...]], _Series] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._bounds = {name: np.asarray(spec.bounds) for name, spec in self.specs.items()}
 
     def add(self, name: str, values: np.ndarray, attrs: dict[str, str]) -> None:
         """Record finite, non-negative `values` (the caller rejects the rest) into the series `attrs`."""
         if not len(values):
             return
-        bounds = np.asarray(self.specs[name].bounds)
+        bounds = self._bounds[name]
         key = (name, tuple(sorted(attrs.items())))
         with self._lock:
             now = time_ns()
@@ -91,9 +94,10 @@ class Histograms:
             if series is None:
                 series = self._series[key] = _Series(attrs, self._empty(name, now), delta_start=now)
             series.total.add(values, bounds)
-            if series.since_delta is None:
-                series.since_delta = self._empty(name, series.delta_start)
-            series.since_delta.add(values, bounds)
+            if self.delta:
+                if series.since_delta is None:
+                    series.since_delta = self._empty(name, series.delta_start)
+                series.since_delta.add(values, bounds)
 
     def _empty(self, name: str, start: int) -> _Counts:
         return _Counts(start, np.zeros(len(self.specs[name].bounds) + 1, dtype=np.int64))
@@ -102,6 +106,7 @@ class Histograms:
         """One SDK Metric per histogram with a series. Cumulative: every series since its first value.
         Delta: what each series got since the previous delta collection (a series with nothing new is
         left out, as the SDK does), and that interval starts again."""
+        assert self.delta or temporality is AggregationTemporality.CUMULATIVE, "built without delta"
         now = time_ns()
         points: dict[str, list[HistogramDataPoint]] = {}
         with self._lock:

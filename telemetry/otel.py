@@ -107,8 +107,8 @@ class Scraped(PrometheusMetricReader):
 class ServedAndPushed(Scraped):
     """One reader for both ways out: Prometheus scrapes it, and every `interval_s` (and once at shutdown)
     the same cumulative collection is pushed through `exporter`. The SDK keeps one aggregation per reader,
-    so two readers (Prometheus's and a PeriodicExportingMetricReader) aggregate every value twice: ~40 %
-    of the recording's CPU (docs/performance.md). For an exporter that wants cumulative data, as
+    so two readers (Prometheus's and a PeriodicExportingMetricReader) would aggregate every gauge and counter
+    value twice (docs/performance.md, third round). For an exporter that wants cumulative data, as
     Prometheus does; one that prefers delta gets its own periodic reader."""
 
     def __init__(self, registry, add_histograms: AddHistograms, exporter: MetricExporter, interval_s: float):
@@ -204,10 +204,12 @@ class OTelSink:
         self._resource = Resource.create({"service.name": "grpo-sentinel", "service.instance.id": info.run_id,
                                           "grpo.run_id": info.run_id, "grpo.model": info.model,
                                           "grpo.loss_type": info.loss_type, "grpo.world_size": info.world_size})
-        self._histograms = Histograms({m.name: Spec(m.name, m.unit, m.description, tuple(m.buckets(info.scales)))
-                                       for m in CATALOGUE if m.kind == "histogram"})
         if self.otlp is not None:
             self._exporter = _CountingExporter(self.otlp, "otlp", self._export_failed, self._with_histograms)
+        self._histograms = Histograms({m.name: Spec(m.unit, m.description, tuple(m.buckets(info.scales)))
+                                       for m in CATALOGUE if m.kind == "histogram"},
+                                      delta=self._exporter is not None
+                                      and self._exporter.temporality is AggregationTemporality.DELTA)
         cumulative = self.otlp is not None and all(
             t is AggregationTemporality.CUMULATIVE for t in self.otlp._preferred_temporality.values())
         if self._registry is not None and cumulative:

@@ -262,7 +262,7 @@ def test_histograms_aggregate_as_the_sdks_explicit_bucket_histogram(temporality)
     provider = MeterProvider(metric_readers=[reader], views=[
         View(instrument_name="h", aggregation=ExplicitBucketHistogramAggregation(bounds))])
     sdk = provider.get_meter("t").create_histogram("h")
-    ours = Histograms({"h": Spec("h", "1", "", bounds)})
+    ours = Histograms({"h": Spec("1", "", bounds)}, delta=temporality is AggregationTemporality.DELTA)
     rng = np.random.default_rng(0)
     on_bounds = np.array(bounds * 3)
     batches = [({"s": "a"}, np.concatenate([on_bounds, rng.exponential(1.0, 40), [0.0, 7.5]])),
