@@ -4,7 +4,8 @@ The step's own functions are wrapped by timers (nothing in the step is changed f
 phase's time is exclusive (a phase nested in another is subtracted from it), and "step, other" is
 what the step does outside every named phase (advantages, loss arithmetic, masks). Sinks are the
 trainer's per-step consumers (CSV record, OTel, health monitor) run after the step as the loop
-does; the OTel sink's recording runs on its worker thread, timed here by waiting for it.
+does (the OTel sink records on the calling thread; at a revision that used a worker thread, the
+profile waits for it).
 Evaluation (held-out set, sampled + greedy, every `run.sample_every` steps) is shown amortised.
 
     python benchmarks/profile_step.py [--settings demo tok32] [--steps 12] [--at REV] [--threads N] [--clock cpu]
@@ -107,7 +108,8 @@ def profile(setting: str, steps: int, tmp: Path, clock) -> tuple[list[dict[str, 
             record.on_step(stats)
             monitor.observe(stats)
             otel.on_step(stats)
-            otel.flush()
+            if hasattr(otel, "flush"):  # revisions before 2026-12-03 recorded on a worker thread: wait for it
+                otel.flush()
         ph.now["total"] = clock() - t0
         rows.append(dict(ph.now))
     otel.close()

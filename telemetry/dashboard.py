@@ -243,10 +243,6 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                     "rejected histogram values",
                 ),
                 _q(
-                    f"sum(increase({_sel(m, 'grpo_telemetry_dropped_steps_total')}[$window])) or vector(0)",
-                    "dropped steps",
-                ),
-                _q(
                     f"sum by (signal, reason) (increase({_sel(m, 'grpo_traces_dropped_total')}[$window]))",
                     "traces dropped: {{signal}} {{reason}}",
                 ),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -179,11 +178,6 @@ class OTelSink:
     def __init__(self, prometheus_addr: tuple[str, int] | None = ("127.0.0.1", 9464),
                  otlp: MetricExporter | None = None, export_interval_s: float = 10.0, linger_s: float = 0.0):
         self.otlp, self.export_interval_s, self.linger_s = otlp, export_interval_s, linger_s
-        # Recording a step is ~60 SDK calls and a numpy pass per histogram series (~0.5 ms of Python on this
-        # CPU): a worker thread takes it off the training thread. Bounded: if it ever falls behind, steps are
-        # dropped and counted.
-        self._queue: queue.Queue[StepStats | None] = queue.Queue(maxsize=256)
-        self._worker = threading.Thread(target=self._drain, name="grpo-otel", daemon=True)
         self.provider: MeterProvider | None = None
         self.export_failures: dict[str, int] = {}
         self._server = self._registry = self._exporter = None
@@ -240,7 +234,6 @@ class OTelSink:
             if m.kind == "counter":
                 for attrs in m.initial:
                     self._instruments[m.name].add(0, {**attrs, **self._run})
-        self._worker.start()
 
     def _with_histograms(self, data: MetricsData | None, temporality: AggregationTemporality) -> MetricsData | None:
         return with_histograms(data, self._histograms.metrics(temporality), self._resource, SCOPE)
@@ -253,25 +246,16 @@ class OTelSink:
         return self._server.server_port if self._server else None
 
     def on_step(self, s: StepStats) -> None:
+        """Records the step on the calling (training) thread: ~60 in-memory SDK calls and a numpy pass per
+        histogram series, ~0.5-1 ms, that never wait on the network (exports run on their own threads, after
+        collection). A worker thread cost more wall time than it saved: 1.05x against 1.00x over the run
+        (docs/performance.md, fifth round), the training thread waiting on the hand-off."""
         if self.provider is None:
             return
         try:
-            self._queue.put_nowait(s)
-        except queue.Full:
-            DROPS.add("grpo.telemetry.dropped_steps", sink="otel")
-
-    def flush(self) -> None:
-        """Block until every enqueued step is recorded."""
-        self._queue.join()
-
-    def _drain(self) -> None:
-        while (s := self._queue.get()) is not None:
-            try:
-                self._record(s)
-            except Exception:  # noqa: BLE001 - telemetry never stops training
-                log.exception("recording step %d metrics failed; training continues", s.step)
-            finally:
-                self._queue.task_done()
+            self._record(s)
+        except Exception:  # noqa: BLE001 - telemetry never stops training
+            log.exception("recording step %d metrics failed; training continues", s.step)
 
     def _record(self, s: StepStats) -> None:
         run = self._run
@@ -310,8 +294,6 @@ class OTelSink:
 
     def close(self) -> None:
         if self.provider is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=30)
             if self.linger_s > 0 and self._server is not None:
                 time.sleep(self.linger_s)  # let a last scrape see the final step of a short run
             # Bounded: a dead collector must not hold the exit for the exporter's full retry budget.
@@ -322,9 +304,6 @@ class OTelSink:
                 log.warning("metrics export to otlp still had no answer after %.0f s at shutdown: the collector accepts "
                             "connections but does not respond; the last metrics were not delivered",
                             time.monotonic() - self._exporter.in_flight_since)
-            dropped = DROPS.total("grpo.telemetry.dropped_steps")
-            if dropped:
-                log.warning("metrics: %d steps were not recorded (the recording queue was full)", dropped)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

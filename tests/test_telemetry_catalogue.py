@@ -1,6 +1,7 @@
 """The catalogue, the docs and the exposition stay in sync; an exact /metrics golden."""
 
 import urllib.request
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -36,7 +37,6 @@ def scrape_after(steps: list[StepStats]) -> str:
     sink.start(RunInfo("golden", "demo", "grpo", Scales(max_reward=1.0, ln_vocab=float(np.log(15)), max_new_tokens=6)))
     for s in steps:
         sink.on_step(s)
-    sink.flush()
     try:
         return urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read().decode()
     finally:
@@ -98,7 +98,6 @@ def test_prometheus_and_the_otlp_push_export_the_same_histograms():
     try:
         for _ in range(2):
             sink.on_step(fixed_step())
-            sink.flush()
             sink.provider.force_flush()
         assert scrape(sink, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
         assert scrape(sink, "grpo_reward_sum") == ["grpo_reward_sum{} 4.0"]
@@ -114,8 +113,30 @@ def test_the_otlp_push_runs_every_interval_beside_prometheus():
     sink.start(INFO)
     try:
         sink.on_step(fixed_step())
-        sink.flush()
         assert wait_for(lambda: ONE_STEP in otlp.rewards, timeout=10)
+    finally:
+        sink.close()
+
+
+def test_a_step_whose_recording_fails_is_logged_and_training_goes_on(caplog):
+    """Recording runs on the training thread: whatever goes wrong in it is logged, never raised, and the next
+    step is recorded as usual."""
+    sink = OTelSink(("127.0.0.1", 0))
+    sink.start(INFO)
+    real_add, calls = sink._histograms.add, []
+
+    def add_failing_once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        real_add(*args)
+
+    sink._histograms.add = add_failing_once
+    try:
+        sink.on_step(fixed_step())  # must not raise
+        assert "recording step 7 metrics failed" in caplog.text
+        sink.on_step(replace(fixed_step(), step=8))
+        assert scrape(sink, "grpo_reward_count") == ["grpo_reward_count{} 4.0"]  # step 8's four rewards only
     finally:
         sink.close()
 
@@ -128,7 +149,6 @@ def test_an_exporter_that_prefers_delta_gets_deltas_beside_prometheus():
     try:
         for k in (1, 2):
             sink.on_step(fixed_step())
-            sink.flush()
             assert wait_for(lambda: sum(r[0] for r in otlp.rewards) == 4 * k, timeout=10)
         assert scrape(sink, "grpo_reward_count") == ["grpo_reward_count{} 8.0"]
     finally:
@@ -200,14 +220,12 @@ def test_a_condition_is_exported_at_the_severity_it_is_at_now():
     critical: the gauge moves the condition from its warning series to its critical one, so the dashboard's
     count of critical conditions (severity="critical") sees an escalated warning; the episode counter labels
     an episode with the severity it began at."""
-    from dataclasses import replace
 
     sink = OTelSink(("127.0.0.1", 0))
     sink.start(RunInfo("golden", "demo", "grpo", Scales(max_reward=1.0, ln_vocab=float(np.log(15)), max_new_tokens=6)))
 
     def condition_lines(**health) -> list[str]:
         sink.on_step(replace(fixed_step(), **health))
-        sink.flush()
         text = urllib.request.urlopen(f"http://127.0.0.1:{sink.prometheus_port}/metrics").read().decode()
         return [ln for ln in lines_of(text, "grpo_health_condition") + lines_of(text, "grpo_health_episodes_total")
                 if "length_drift" in ln or "nonfinite" in ln or 'condition="kl_runaway"' in ln]
