@@ -985,6 +985,80 @@ REPORT7_HEALTHY = (h7_loss_bursts, h7_loss_small_kl_term, h7_loss_skewed, h7_kl_
 REPORT7_SEEDS = range(7000, 7300)
 
 
+# Report set 8 (issue 22, sixth pass): declared before any detector ran on it and before kl_acceleration's
+# growth test is changed (seeds 8000-8299; the pathologies' 8000-8019). KL growth a detector must tell apart:
+# exponentials doubling more slowly than once a window, and healthy KLs that rise steadily to 0.1-0.4, which
+# a test of "growth that holds" must not take for a runaway.
+
+
+def _kl_follows(s: dict, kl: np.ndarray, rng) -> dict:
+    """A healthy run's KL replaced by `kl` (10 % multiplicative noise), the loss following its KL term."""
+    s["kl"] = kl * (1 + 0.1 * rng.standard_normal(N))
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h8_kl_linear_high(rng):
+    """Healthy: the KL rises linearly all run, to 0.4 at the end."""
+    t = np.arange(1, N + 1, dtype=float)
+    return _kl_follows(_healthy(rng), 0.002 + 0.4 * t / N, rng)
+
+
+def h8_kl_late_linear(rng):
+    """Healthy: the KL is flat at 0.02 to step 100, then rises linearly to 0.3 at the end."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.28 * _ease(100), rng)
+
+
+def h8_kl_sqrt(rng):
+    """Healthy: the KL grows as the square root of the step, to 0.35 at the end."""
+    t = np.arange(1, N + 1, dtype=float)
+    return _kl_follows(_healthy(rng), 0.35 * np.sqrt(t / N), rng)
+
+
+def h8_kl_logistic(rng):
+    """Healthy: the KL rises along a logistic curve (0.01 -> 0.13, centred at step 150, 10 steps per e-fold)
+    and settles: exponential in its first half."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.12 * _logistic(150, 10), rng)
+
+
+def h8_kl_two_ramps(rng):
+    """Healthy: the KL rises linearly to 0.1 at step 150, then three times as steeply, to 0.4 at the end."""
+    return _kl_follows(_healthy(rng), 0.002 + 0.098 * _ease(0, 1.0, 150) + 0.3 * _ease(150), rng)
+
+
+def r8_kl_exp_30(rng):
+    """KL grows exponentially from the onset, doubling every ~30 steps (0.03 -> ~1 at the end); the accuracy
+    falls from 80 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 80))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.03 * np.exp((t - ONSET) / 43.0), 0.0)
+    return s
+
+
+def r8_kl_exp_tiny_base(rng):
+    """KL grows exponentially from a tiny base at the onset, doubling every ~21 steps (0.005 -> 0.74); the
+    accuracy falls from 90 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 90))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.005 * np.exp((t - ONSET) / 30.0), 0.0)
+    return s
+
+
+def r8_kl_exp_elevated_slow(rng):
+    """A KL already high (~0.1, noisy) grows exponentially from the onset, doubling every ~24 steps (0.02 ->
+    1.5); the accuracy falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 70))
+    t = np.arange(N)
+    s["kl"] = 0.1 * (1 + 0.15 * rng.standard_normal(N)) + np.where(t >= ONSET, 0.02 * np.exp((t - ONSET) / 35.0), 0.0)
+    return s
+
+
+REPORT8_SLOW = (r8_kl_exp_30, r8_kl_exp_tiny_base, r8_kl_exp_elevated_slow)
+REPORT8_HEALTHY = (h8_kl_linear_high, h8_kl_late_linear, h8_kl_sqrt, h8_kl_logistic, h8_kl_two_ramps)
+REPORT8_SEEDS = range(8000, 8300)
+SLOW_REPORT8_SEEDS = range(8000, 8020)
+
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
