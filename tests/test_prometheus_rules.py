@@ -55,7 +55,8 @@ def test_one_alert_per_table_row_with_its_severity_and_words():
         assert (r["alert"], r["labels"]["severity"], r.get("for")) == (warning["alert"], "critical", warning.get("for"))
         assert warning["expr"] in r["expr"] and ("predict_linear" in r["expr"]) == (cid != "kl_acceleration")
     assert "predict_linear(grpo_truncation_rate[10m], 3000)) >= 0.9" in forecast["length_drift"]["expr"]
-    assert "clamp_min(grpo:kl_mean:ratio_w, 1) ^ 10 > 1" in forecast["kl_acceleration"]["expr"]
+    kl_forecast = "clamp_min(grpo:kl_mean:ratio_w, 1) ^ clamp_max(grpo:kl_mean:rising_windows, 10) > 1"
+    assert kl_forecast in forecast["kl_acceleration"]["expr"]
     for row in TABLE:
         a = alerts[rulegen.alert_name(row.id)]
         assert a["labels"]["condition"] == row.id

@@ -31,7 +31,7 @@ import numpy as np
 
 from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, early_steps
+from grpo_sentinel.telemetry.health.thresholds import KL_RISING_WINDOWS, Thresholds, early_steps
 from grpo_sentinel.telemetry.stats import cusum, diff_noise, moving_average, trailing_max, windowed_sd
 
 
@@ -752,36 +752,50 @@ def kl_rows(c: _Ctx) -> None:
             ),
             gap=c.w,
         )
-    # kl_acceleration: super-linear growth. Three consecutive window means m2, m1, m0 (each with
-    # standard error se): the KL was already growing (m1 - m2 > 4 sd of that difference, sqrt 2 se)
-    # and its growth over the last window exceeds kl_accel (a = 2) times the window before's by 4 sd
-    # of m0 - (1 + a) m1 + a m2 (sqrt(1 + (1 + a)^2 + a^2) se): a one-sided 4-sigma test, one false
-    # alarm in ~30,000 steps of noise. Linear growth gives a ratio of 1, quadratic
-    # (2t - w) / (2t - 3w) < 2 once three windows are in, exponential growth with a doubling time
-    # under one window > 2. se comes from the step-to-step noise (a trend is not noise: with the
-    # window's raw sd a steep rise would hide itself), computed as the rule computes it.
+    # kl_acceleration: super-linear growth. Consecutive window means m3, m2, m1, m0 (each with standard
+    # error se): the KL was already growing (m1 - m2 > 4 sd of that difference, sqrt 2 se), and its
+    # growth over the last window exceeds kl_accel (a = 1.25) times the window before's by 4 sd of
+    # m0 - (1 + a) m1 + a m2 (sqrt(1 + (1 + a)^2 + a^2) se): a one-sided 4-sigma test, one false alarm
+    # in ~30,000 steps of noise. Linear growth gives a ratio of 1, quadratic (2t - w) / (2t - 3w) (over
+    # 1.25 until t = 5.5 w), an exponential doubling every T steps 2^(w / T) for as long as it lasts. And
+    # the growth held a fourth window (m2 > m3; sixth pass): a KL swinging with a cyclic learning rate
+    # is as convex as an exponential for a window or two out of each trough. With that guard `kl_accel`
+    # came down from 2 (an exponential doubling within a window, which a slow one passed only after the
+    # damage) to 1.25 (docs/lead-time.md, sixth pass: fitted on the seen sets). se comes from the
+    # step-to-step noise (a trend is not noise: with the window's raw sd a steep rise would hide
+    # itself), computed as the rule computes it.
     w, a = c.w, c.th.kl_accel
     d1, d2 = _shift(k_ma, w) - _shift(k_ma, 2 * w), k_ma - _shift(k_ma, w)
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
-    accel = (c.row >= 3 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & (w >= MIN_STEPS)
+    held4 = _shift(k_ma, 2 * w) > _shift(k_ma, 3 * w)
+    accel = ((c.row >= 4 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & held4
+             & (w >= MIN_STEPS))
     # Forecast: the growth is super-linear (the test above), so a straight line would underrate it; at
     # its own rate r a window, the KL is m0 r^(H/w) at the horizon H: critical when that is past kl_bound
     # (kl_runaway's level). PromQL says the same with `^`. r is the smaller of the last two windows'
     # ratios (m0 / m1, m1 / m2), not the last alone (fifth pass): an exponential's ratio holds window
     # after window, and ten windows of a ratio one window showed page on a turn. A KL swinging with a
     # cyclic learning rate (zoo h5_kl_cosine) doubles within the window out of each trough, then turns:
-    # with the last ratio alone it paged critical on 67 of 300 healthy runs.
+    # with the last ratio alone it paged critical on 67 of 300 healthy runs. And projected only as many
+    # windows ahead as the window means have risen in a row, counted back from now, up to H (sixth pass): a
+    # trend is extrapolated no further than it has been seen, and a swing or a hump that fell before
+    # has little to show. PromQL: grpo:kl_mean:rising_windows.
     horizon = c.th.forecast_windows
     ratio = np.minimum(k_ma / _shift(k_ma, w), _shift(k_ma, w) / _shift(k_ma, 2 * w))
-    projected = k_ma * np.where(ratio > 1, ratio, 1.0) ** horizon
+    rising, held = np.ones(c.n, dtype=bool), np.zeros(c.n)
+    for i in range(KL_RISING_WINDOWS):
+        rising &= _shift(k_ma, i * w) > _shift(k_ma, (i + 1) * w)  # NaN (before the run had the window): False
+        held += rising
+    held = np.minimum(held, horizon)
+    projected = k_ma * np.where(ratio > 1, ratio, 1.0) ** held
     _escalate(c, "kl_acceleration", accel, c.s["kl"], 1.0,
               lambda i, j: f"KL (window mean) {np.nanmax(k_ma[i:j + 1]):.3g}: it grew {np.nanmax(d2[i:j + 1]):.3g} over the "
                            f"last {w} steps vs {d1[j]:.3g} over the {w} before (growth at least {a:g}x, beyond its noise)",
               gap=w,
               forecast=(projected > c.th.kl_bound,
-                        lambda i, j: f"growing {ratio[i]:.2g}x a window, it passes kl_bound {c.th.kl_bound:g} within "
-                                     f"{horizon * w} steps"))
+                        lambda i, j: f"growing {ratio[i]:.2g}x a window for {held[i]:.0f} windows, it passes kl_bound "
+                                     f"{c.th.kl_bound:g} within as many again ({held[i] * w:.0f} steps)"))
 
 
 def _diff_se(x: np.ndarray, w: int) -> np.ndarray:

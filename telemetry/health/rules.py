@@ -22,7 +22,7 @@ import yaml
 from grpo_sentinel.telemetry import monitoring
 from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING, KL_ACCEL_Z, MEDIAN_SE_PER_IQR, MIN_STEPS
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.thresholds import KL_RISING_WINDOWS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
 TRAINER_SIDE = {
@@ -109,8 +109,9 @@ def _foresee(p: "RuleParams") -> dict[str, str]:
 
     foresee = {
         # At the growth ratio a window both of the last two windows show (r), KL is m0 r^(H/w) at H.
+        # ... for as many windows as the KL has risen in a row (up to H).
         "kl_acceleration": f"grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:ratio_w, 1) "
-                           f"^ {_num(t.forecast_windows)} > {_num(t.kl_bound)}",
+                           f"^ clamp_max(grpo:kl_mean:rising_windows, {_num(t.forecast_windows)}) > {_num(t.kl_bound)}",
         "length_drift": f"{line('grpo_truncation_rate')} >= {_num(t.truncation_capped)}",
         "correctness_drop": f"{line('grpo_train_accuracy')}\n< {_num(1 - t.correctness_drop)} * "
                             f"max_over_time(grpo:train_accuracy:avg_2w[{duration(t.correctness_lookback * 2 * p.window)}:])",
@@ -220,8 +221,13 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:ratio_w": ("grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev\n"
                                  "<= grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2\n"
                                  "or grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2"),
-        # The KL five windows back: kl_runaway needs growth, not an offset the run started with.
-        "grpo:kl_mean:avg_w_prev5": avg("grpo_kl_mean", w, duration(5 * p.window)),
+        # The KL k windows back, k = 3 .. H: kl_acceleration's fourth window and its forecast's count of
+        # rising windows; five back, kl_runaway's growth (not an offset the run started with).
+        **{_kl_prev(k): avg("grpo_kl_mean", w, duration(k * p.window)) for k in range(3, KL_RISING_WINDOWS + 1)},
+        # How many windows in a row, back from now, each KL window mean rose over the one before (of the last
+        # KL_RISING_WINDOWS): how far kl_acceleration's forecast projects the growth (at most H). An earlier
+        # window the run does not have yet counts as not risen (`or ... * 0`), as in detectors.kl_rows.
+        "grpo:kl_mean:rising_windows": _rising_windows(KL_RISING_WINDOWS),
         "grpo:frac_zero_std:avg_w": avg("grpo_frac_zero_std", w, sel='outcome="any"'),
         "grpo:train_accuracy:avg_w": avg("grpo_train_accuracy", w),
         "grpo:train_accuracy:avg_w_prev": avg("grpo_train_accuracy", w, w),
@@ -267,6 +273,22 @@ def recording_rules(p: RuleParams) -> list[dict]:
         ),
     }
     return [{"record": k, "expr": v} for k, v in rules.items()]
+
+
+def _kl_prev(k: int) -> str:
+    """The recorded KL window mean k windows back."""
+    return "grpo:kl_mean:avg_w" + ("" if k == 0 else "_prev" if k == 1 else f"_prev{k}")
+
+
+def _rising_windows(h: int) -> str:
+    """b0 * (1 + b1 * (1 + ... b_{h-1})), b_i = 1 where window mean i rose over window mean i + 1: the
+    length of the run of rises back from now (detectors.kl_rows' `held`)."""
+    def rose(i: int) -> str:
+        return f"({_kl_prev(i)} > bool {_kl_prev(i + 1)} or grpo:kl_mean:avg_w * 0)"
+    expr = rose(h - 1)
+    for i in range(h - 2, -1, -1):
+        expr = f"{rose(i)} * (1 + {expr})"
+    return expr
 
 
 def _aged(p: RuleParams, windows: int) -> str:
@@ -355,10 +377,12 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * "
             "(grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
             f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel**2))} * grpo:kl_mean:se_w\n"
-            f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 3)}",
+            "and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3\n"
+            f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 4)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
-            f"over the {w} before, beyond its noise: super-linear growth, the lead of kl_runaway.",
+            f"over the {w} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of "
+            "kl_runaway.",
         ),
         "kl_only_learning": (
             "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"

@@ -50,7 +50,7 @@ class Thresholds:
     correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
     correctness_lookback: int = 10  # 2w-windows the training correctness peak is taken over (an all-time max drifts up)
     all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
-    kl_accel: float = 2.0  # KL growth over the last window at least this multiple of the window before's
+    kl_accel: float = 1.25  # KL growth over the last window at least this multiple of the window before's (held 4 windows)
     kl_accel_min: float = 0.05  # KL (window mean) below which its growth is not reported
     kl_growth: float = 2.0  # kl_runaway needs the KL this multiple of the run's own early KL: a KL that starts high
     # (an SFT start measured against the base model) and stays there is kl_offset
@@ -120,6 +120,12 @@ def early_steps(th: Thresholds) -> int:
     return max(th.early_windows * th.window, 10)
 
 
+# Windows back that kl_acceleration's forecast counts the KL's rises over (the default H): a fixed number, so the
+# recording rules do not depend on a threshold that a Helm value may set.
+KL_RISING_WINDOWS = 10
+
+
 def lookback(th: Thresholds) -> int:
     """Rows before a step that any detector reads (the online monitor keeps this many, and the early rows)."""
-    return max(6 * th.window, 3 * th.loss_window, early_steps(th)) + 2  # loss_blowup's reference: 2-3 blocks back
+    # loss_blowup's reference: 2-3 blocks back; kl_acceleration's forecast: KL_RISING_WINDOWS + 1 window means
+    return max((KL_RISING_WINDOWS + 1) * th.window, 3 * th.loss_window, early_steps(th)) + 2

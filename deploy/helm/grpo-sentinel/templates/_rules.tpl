@@ -89,8 +89,24 @@ groups:
       grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev
       <= grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2
       or grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2
+  - record: grpo:kl_mean:avg_w_prev3
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev4
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }}))
   - record: grpo:kl_mean:avg_w_prev5
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev6
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 6 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev7
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 7 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev8
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 8 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev9
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 9 $window) }}))
+  - record: grpo:kl_mean:avg_w_prev10
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 10 $window) }}))
+  - record: grpo:kl_mean:rising_windows
+    expr: (grpo:kl_mean:avg_w > bool grpo:kl_mean:avg_w_prev or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev > bool grpo:kl_mean:avg_w_prev2 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev2 > bool grpo:kl_mean:avg_w_prev3 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev3 > bool grpo:kl_mean:avg_w_prev4 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev4 > bool grpo:kl_mean:avg_w_prev5 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev5 > bool grpo:kl_mean:avg_w_prev6 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev6 > bool grpo:kl_mean:avg_w_prev7 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev7 > bool grpo:kl_mean:avg_w_prev8 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev8 > bool grpo:kl_mean:avg_w_prev9 or grpo:kl_mean:avg_w * 0) * (1 + (grpo:kl_mean:avg_w_prev9 > bool grpo:kl_mean:avg_w_prev10 or grpo:kl_mean:avg_w * 0))))))))))
   - record: grpo:frac_zero_std:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_frac_zero_std{outcome="any"}[{{ include "grpo-sentinel.rules.duration" $window }}]))
   - record: grpo:train_accuracy:avg_w
@@ -326,17 +342,18 @@ groups:
     expr: |-
       grpo:kl_mean:avg_w >= {{ printf "%.6g" (float64 $kl_accel_min) }}
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
-      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 2 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
-        > 14.9666 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
+        > 11.0454 * grpo:kl_mean:se_w
+      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
       and grpo:steps:seen_w >= 5
-      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: warning
       condition: kl_acceleration
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -348,10 +365,11 @@ groups:
       (
       grpo:kl_mean:avg_w >= {{ printf "%.6g" (float64 $kl_accel_min) }}
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
-      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 2 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
-        > 14.9666 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
+        > 11.0454 * grpo:kl_mean:se_w
+      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
       and grpo:steps:seen_w >= 5
-      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
       and grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > 2.82843 * grpo:kl_mean:se_w
     for: {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }}
@@ -361,7 +379,7 @@ groups:
       stage: escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -373,12 +391,13 @@ groups:
       (
       grpo:kl_mean:avg_w >= {{ printf "%.6g" (float64 $kl_accel_min) }}
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
-      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 2 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
-        > 14.9666 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
+        > 11.0454 * grpo:kl_mean:se_w
+      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
       and grpo:steps:seen_w >= 5
-      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+      and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
-      and grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:ratio_w, 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+      and grpo:kl_mean:avg_w * clamp_min(grpo:kl_mean:ratio_w, 1) ^ clamp_max(grpo:kl_mean:rising_windows, {{ printf "%.6g" (float64 $forecast_windows) }}) > {{ printf "%.6g" (float64 $kl_bound) }}
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
     labels:
       severity: critical
@@ -386,7 +405,7 @@ groups:
       stage: forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1555,11 +1574,12 @@ groups:
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5.65685 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
-            > 14.9666 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
+            > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
-          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
         refId: A
         instant: true
         range: false
@@ -1600,7 +1620,7 @@ groups:
     title: GRPOKLAcceleration
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1621,11 +1641,12 @@ groups:
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5.65685 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
-            > 14.9666 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
+            > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
-          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
           )
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
@@ -1669,7 +1690,7 @@ groups:
     title: GRPOKLAcceleration escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1691,15 +1712,16 @@ groups:
           (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}])))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > 5.65685 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 2 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
-            > 14.9666 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
+            > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
-          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})
+          and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
           )
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * clamp_min(((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
           <= (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))
-          or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))), 1) ^ {{ printf "%.6g" (float64 $forecast_windows) }} > {{ printf "%.6g" (float64 $kl_bound) }}
+          or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) / (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))), 1) ^ clamp_max((((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 5 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 6 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 6 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 7 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 7 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 8 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 8 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 9 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0) * (1 + ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 9 $window) }}))) > bool (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 10 $window) }}))) or (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) * 0))))))))))), {{ printf "%.6g" (float64 $forecast_windows) }}) > {{ printf "%.6g" (float64 $kl_bound) }}
         refId: A
         instant: true
         range: false
@@ -1740,7 +1762,7 @@ groups:
     title: GRPOKLAcceleration forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 2x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
