@@ -1059,6 +1059,59 @@ REPORT8_SEEDS = range(8000, 8300)
 SLOW_REPORT8_SEEDS = range(8000, 8020)
 
 
+# Report set 9 (issue 22, sixth pass): declared after report set 8 was measured (its late-linear KL, a hinge, warned
+# on half its runs) and before kl_acceleration was changed for it (seeds 9000-9299; the pathologies' 9000-9019):
+# KLs whose slope steps up (a learning-rate warm-up ending, a schedule change), and slow exponentials.
+
+
+def h9_kl_warmup_hinge(rng):
+    """Healthy: the KL is flat at 0.01 through a warm-up to step 60, then rises linearly to 0.25."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.24 * _ease(60), rng)
+
+
+def h9_kl_late_steep_hinge(rng):
+    """Healthy: the KL is flat at 0.03 to step 200, then rises steeply and linearly to 0.3."""
+    return _kl_follows(_healthy(rng), 0.03 + 0.27 * _ease(200), rng)
+
+
+def h9_kl_double_hinge(rng):
+    """Healthy: the KL's slope steps up twice, at steps 80 and 180 (0.02 -> 0.08 -> 0.35)."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.06 * _ease(80, 1.0, 180) + 0.27 * _ease(180), rng)
+
+
+def h9_kl_noisy_linear(rng):
+    """Healthy: the KL rises linearly to 0.3, with 20 % noise instead of 10 %."""
+    t = np.arange(1, N + 1, dtype=float)
+    s = _kl_follows(_healthy(rng), 0.002 + 0.3 * t / N, rng)
+    s["kl"] = s["kl"] * (1 + 0.1 * rng.standard_normal(N))
+    return s
+
+
+def r9_kl_exp_40(rng):
+    """KL grows exponentially from the onset, doubling every ~40 steps (0.05 -> 0.67); the accuracy falls from
+    80 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, 80))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.05 * np.exp((t - ONSET) / 58.0), 0.0)
+    return s
+
+
+def r9_kl_hinge_then_exp(rng):
+    """A KL rising linearly after a warm-up hinge at step 60 (as h9_kl_warmup_hinge) grows exponentially from the
+    onset too, doubling every ~20 steps (0.01 -> 1.8); the accuracy falls from 60 steps after the onset."""
+    s = h9_kl_warmup_hinge(rng)
+    s.update({k: v for k, v in _with_p(rng, _decline(0.6, 0.15, 60)).items() if k in ("_acc_true", "sample_acc")})
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.01 * (np.exp((t - ONSET) / 29.0) - 1), 0.0)
+    return s
+
+
+REPORT9_SLOW = (r9_kl_exp_40, r9_kl_hinge_then_exp)
+REPORT9_HEALTHY = (h9_kl_warmup_hinge, h9_kl_late_steep_hinge, h9_kl_double_hinge, h9_kl_noisy_linear)
+REPORT9_SEEDS = range(9000, 9300)
+SLOW_REPORT9_SEEDS = range(9000, 9020)
+
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
