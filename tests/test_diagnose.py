@@ -1,6 +1,7 @@
 """The health table as detectors: the synthetic zoo, the two real fixture runs, messy logs, the CLI."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -99,6 +100,42 @@ def test_kl_acceleration_forecasts_from_a_ratio_two_windows_show():
     paged = sum(any(c.id == "kl_acceleration" and c.severity == "critical"
                     for c in diagnose(zoo.make(zoo.h5_kl_cosine, seed)).conditions) for seed in range(5000, 5050))
     assert paged <= 2, paged
+
+
+def test_kl_acceleration_pages_a_slow_exponential_before_the_damage():
+    """An exponential KL doubling every ~17 steps (zoo r3_kl_exp_slow, report set 3, seen) grows 2.26x a window:
+    it passed the old test of a growth ratio >= 2 only after the damage (a mean lead of -20). With kl_accel 1.25,
+    the growth held four windows and the forecast projected as far as the KL has risen (sixth pass), every seed
+    of these ten is paged critical before it."""
+    leads = []
+    for seed in range(3000, 3010):
+        _, damage = zoo.truth(zoo.r3_kl_exp_slow, seed)
+        critical = [c for c in diagnose(zoo.make(zoo.r3_kl_exp_slow, seed)).conditions if c.severity == "critical"]
+        leads.append(damage - critical[0].first_step if critical else -np.inf)
+    assert min(leads) > 0, leads
+
+
+def test_kl_acceleration_projects_the_growth_only_as_far_as_it_has_risen():
+    """The forecast raises the growth ratio to the number of windows the KL has risen in a row (at most H). Two
+    KLs double every window from step 8w on; one rose steadily before that, the other fell (a hump, a swing): the
+    one that fell is projected fewer windows, so its forecast comes later."""
+    w = Thresholds().window
+    n, t = 13 * w, np.arange(13 * w, dtype=float)
+    doubling = 0.015 * 2 ** ((t - 8 * w) / w)
+    base = zoo.make(zoo.healthy, 0)
+
+    def first_forecast(before: np.ndarray):
+        series = {k: v[:n] for k, v in base.series.items()}
+        series["kl"] = np.where(t < 8 * w, before, doubling)
+        log = RunLog(series, "doubling", "sentinel", group_size=base.group_size, max_new_tokens=base.max_new_tokens,
+                     max_reward=1.0, ln_vocab=base.ln_vocab, eval_n=base.eval_n)
+        found = [c for c in diagnose(log).conditions if c.id == "kl_acceleration" and "; forecast: " in c.evidence]
+        assert found, "no forecast"
+        return found[0].first_step, int(re.search(r"for (\d+) windows", found[0].evidence).group(1))
+
+    rose_step, rose_windows = first_forecast(0.015 * t / (8 * w))  # rising to where the doubling starts
+    fell_step, fell_windows = first_forecast(np.full(n, 0.06))  # 0.06, then down to 0.015 at step 8w
+    assert fell_windows < rose_windows and fell_step > rose_step, (rose_step, rose_windows, fell_step, fell_windows)
 
 
 def test_kl_only_learning_needs_the_loss_median_to_fall_beyond_its_noise():
