@@ -221,8 +221,8 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:kl_mean:ratio_w": ("grpo:kl_mean:avg_w / grpo:kl_mean:avg_w_prev\n"
                                  "<= grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2\n"
                                  "or grpo:kl_mean:avg_w_prev / grpo:kl_mean:avg_w_prev2"),
-        # The KL k windows back, k = 3 .. H: kl_acceleration's fourth window and its forecast's count of
-        # rising windows; five back, kl_runaway's growth (not an offset the run started with).
+        # The KL k windows back, k = 3 .. KL_RISING_WINDOWS: kl_acceleration's fourth window and its forecast's
+        # count of rising windows; five back, kl_runaway's growth (not an offset the run started with).
         **{_kl_prev(k): avg("grpo_kl_mean", w, duration(k * p.window)) for k in range(3, KL_RISING_WINDOWS + 1)},
         # How many windows in a row, back from now, each KL window mean rose over the one before (of the last
         # KL_RISING_WINDOWS): how far kl_acceleration's forecast projects the growth (at most H). An earlier
