@@ -495,13 +495,19 @@ def r3_length_step_creep(rng):
     return s
 
 
+def _kl_exp_after_onset(rng, base: float, tau: float, delay: int) -> dict[str, np.ndarray]:
+    """A healthy run's KL plus base e^((t - ONSET) / tau) from the onset (doubling every tau ln 2 steps); the
+    accuracy falls from `delay` steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.15, delay))
+    t = np.arange(N)
+    s["kl"] = s["kl"] + np.where(t >= ONSET, base * np.exp((t - ONSET) / tau), 0.0)
+    return s
+
+
 def r3_kl_exp_slow(rng):
     """KL grows exponentially from the onset, more slowly (from 0.01, doubling every ~17 steps); the accuracy
     falls from 60 steps after the onset."""
-    s = _with_p(rng, _decline(0.6, 0.15, 60))
-    t = np.arange(N)
-    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.01 * np.exp((t - ONSET) / 25.0), 0.0)
-    return s
+    return _kl_exp_after_onset(rng, 0.01, 25.0, 60)
 
 
 def r3_kl_quadratic(rng):
@@ -1029,19 +1035,13 @@ def h8_kl_two_ramps(rng):
 def r8_kl_exp_30(rng):
     """KL grows exponentially from the onset, doubling every ~30 steps (0.03 -> ~1 at the end); the accuracy
     falls from 80 steps after the onset."""
-    s = _with_p(rng, _decline(0.6, 0.15, 80))
-    t = np.arange(N)
-    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.03 * np.exp((t - ONSET) / 43.0), 0.0)
-    return s
+    return _kl_exp_after_onset(rng, 0.03, 43.0, 80)
 
 
 def r8_kl_exp_tiny_base(rng):
     """KL grows exponentially from a tiny base at the onset, doubling every ~21 steps (0.005 -> 0.74); the
     accuracy falls from 90 steps after the onset."""
-    s = _with_p(rng, _decline(0.6, 0.15, 90))
-    t = np.arange(N)
-    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.005 * np.exp((t - ONSET) / 30.0), 0.0)
-    return s
+    return _kl_exp_after_onset(rng, 0.005, 30.0, 90)
 
 
 def r8_kl_exp_elevated_slow(rng):
@@ -1090,10 +1090,7 @@ def h9_kl_noisy_linear(rng):
 def r9_kl_exp_40(rng):
     """KL grows exponentially from the onset, doubling every ~40 steps (0.05 -> 0.67); the accuracy falls from
     80 steps after the onset."""
-    s = _with_p(rng, _decline(0.6, 0.15, 80))
-    t = np.arange(N)
-    s["kl"] = s["kl"] + np.where(t >= ONSET, 0.05 * np.exp((t - ONSET) / 58.0), 0.0)
-    return s
+    return _kl_exp_after_onset(rng, 0.05, 58.0, 80)
 
 
 def r9_kl_hinge_then_exp(rng):
