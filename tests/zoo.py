@@ -1109,6 +1109,102 @@ REPORT9_SEEDS = range(9000, 9300)
 SLOW_REPORT9_SEEDS = range(9000, 9020)
 
 
+
+# Report set 10 (issue 22, seventh pass): declared after report set 9 was measured and before any detector ran on
+# it or was changed for it (seeds 10000-10299; the pathologies' 10000-10019). KLs whose slope steps up at other
+# places, steepness and noise (a hinge warned on a fifth to half of set 8's and 9's runs), a step up that then
+# stays, slow exponentials on other bases and noise; and lengths creeping to the cap along other paths.
+
+
+def h10_kl_mid_hinge(rng):
+    """Healthy: the KL is flat at 0.04 to step 150, then rises linearly to 0.35 at the end."""
+    return _kl_follows(_healthy(rng), 0.04 + 0.31 * _ease(150), rng)
+
+
+def h10_kl_early_steep_hinge(rng):
+    """Healthy: the KL is flat at 0.02 to step 40, rises steeply and linearly to 0.5 at step 240, then holds."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.48 * _ease(40, 1.0, 240), rng)
+
+
+def h10_kl_triple_hinge(rng):
+    """Healthy: the KL's slope steps up three times, at steps 60, 140 and 220 (0.01 -> 0.04 -> 0.12 -> 0.3)."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.03 * _ease(60, 1.0, 140) + 0.08 * _ease(140, 1.0, 220)
+                       + 0.18 * _ease(220), rng)
+
+
+def h10_kl_hinge_heavy_noise(rng):
+    """Healthy: the KL is flat at 0.03 to step 120, then rises linearly to 0.3, under 25 % log-normal noise."""
+    s = _healthy(rng)
+    s["kl"] = (0.03 + 0.27 * _ease(120)) * rng.lognormal(-0.03, 0.25, N)  # mean 1: e^(-0.03 + 0.25^2 / 2)
+    s["loss"] = 0.04 * s["kl"] + 0.002 * rng.standard_normal(N)
+    return s
+
+
+def h10_kl_step_then_flat(rng):
+    """Healthy: the KL steps from 0.02 to 0.15 over 15 steps at step 100 (a reference or schedule change) and
+    stays."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.13 * _ease(100, 1.0, 115), rng)
+
+
+def h10_lengths_late_growth(rng):
+    """Healthy: completions grow from 6 to ~30 tokens (of 64) over steps 100-200 (the run learns to reason
+    longer) and stay; the capped share from 1 % to 5 %."""
+    s = _healthy(rng)
+    x = _ease(100, 1.0, 200)
+    s["response_len"] = 6 + 24 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.04 * x) / (P * G)
+    return s
+
+
+def r10_kl_exp_25(rng):
+    """KL grows exponentially from the onset, doubling every ~25 steps (0.02 -> ~1.3 at the end); the accuracy
+    falls from 75 steps after the onset."""
+    return _kl_exp_after_onset(rng, 0.02, 36.0, 75)
+
+
+def r10_kl_linear_then_exp(rng):
+    """A KL rising linearly all run (0 -> 0.1 at the onset) grows exponentially from the onset too, doubling
+    every ~28 steps (0.01 -> 0.4); the accuracy falls from 80 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.01, 40.0, 80)
+    s["kl"] = s["kl"] + 0.1 * np.arange(N) / ONSET
+    return s
+
+
+def r10_kl_exp_noisy(rng):
+    """KL grows exponentially from the onset, doubling every ~30 steps (0.03 -> ~1), under 25 % multiplicative
+    noise; the accuracy falls from 80 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.03, 43.0, 80)
+    s["kl"] = s["kl"] * rng.lognormal(-0.03, 0.25, N)
+    return s
+
+
+def r10_length_creep_from_long(rng):
+    """Completions already long (30 of 64 tokens, 5 % capped) creep linearly from the onset to 95 % of the cap,
+    the capped share to 85 %; the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    x = _ease(ONSET)
+    s["response_len"] = 30 + (0.95 * MAX_NEW - 30) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.05 + 0.8 * x) / (P * G)
+    return s
+
+
+def r10_length_sqrt_creep(rng):
+    """Lengths creep from the onset as the square root of the time (fast first, then slower) to 95 % of the cap;
+    the capped share follows to 85 %; the accuracy falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 70))
+    x = _ease(ONSET, 0.5)
+    s["response_len"] = 3.5 + (0.95 * MAX_NEW - 3.5) * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.85 * x) / (P * G)
+    return s
+
+
+REPORT10_SLOW = (r10_kl_exp_25, r10_kl_linear_then_exp, r10_kl_exp_noisy, r10_length_creep_from_long,
+                 r10_length_sqrt_creep)
+REPORT10_HEALTHY = (h10_kl_mid_hinge, h10_kl_early_steep_hinge, h10_kl_triple_hinge, h10_kl_hinge_heavy_noise,
+                    h10_kl_step_then_flat, h10_lengths_late_growth)
+REPORT10_SEEDS = range(10000, 10300)
+SLOW_REPORT10_SEEDS = range(10000, 10020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
