@@ -20,7 +20,14 @@ from dataclasses import dataclass, field, fields, replace
 import yaml
 
 from grpo_sentinel.telemetry import monitoring
-from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING, KL_ACCEL_Z, MEDIAN_SE_PER_IQR, MIN_STEPS
+from grpo_sentinel.telemetry.health.detectors import (
+    ESCALATING,
+    FORECASTING,
+    HELD_Z,
+    KL_ACCEL_Z,
+    MEDIAN_SE_PER_IQR,
+    MIN_STEPS,
+)
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
 from grpo_sentinel.telemetry.health.thresholds import KL_RISING_WINDOWS, Thresholds, threshold_error
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
@@ -377,7 +384,7 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             f"and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - {_num(t.kl_accel)} * "
             "(grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
             f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel**2))} * grpo:kl_mean:se_w\n"
-            "and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3\n"
+            f"and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > {_num(HELD_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
             f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 4)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "

@@ -344,7 +344,7 @@ groups:
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
-      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
+      and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
@@ -367,7 +367,7 @@ groups:
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
-      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
+      and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
@@ -393,7 +393,7 @@ groups:
       and grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2 > 5.65685 * grpo:kl_mean:se_w
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
-      and grpo:kl_mean:avg_w_prev2 > grpo:kl_mean:avg_w_prev3
+      and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
@@ -1577,7 +1577,8 @@ groups:
           and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
             > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
         refId: A
@@ -1644,7 +1645,8 @@ groups:
           and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
             > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
           )
@@ -1715,7 +1717,8 @@ groups:
           and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}]))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))) - 1.25 * ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))))
             > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
-          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) > (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }})))
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
           )
