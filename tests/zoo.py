@@ -1205,6 +1205,65 @@ REPORT10_HEALTHY = (h10_kl_mid_hinge, h10_kl_early_steep_hinge, h10_kl_triple_hi
 REPORT10_SEEDS = range(10000, 10300)
 SLOW_REPORT10_SEEDS = range(10000, 10020)
 
+
+# Report set 11 (issue 22, seventh pass): declared after report set 10 was measured (a hinge from flat no longer
+# warned; a slope that steps up while the KL already rises still did, on sets 8 and 9) and before kl_acceleration
+# was changed for it (seeds 11000-11299; the pathologies' 11000-11019): slopes stepping up by 2x to 4x on a rising
+# KL, and exponentials fast and slow, some on a rising KL.
+
+
+def h11_kl_slope_doubles(rng):
+    """Healthy: the KL rises linearly (0.01 -> 0.1 at step 150), then twice as steeply, to 0.28 at the end."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.09 * _ease(0, 1.0, 150) + 0.18 * _ease(150), rng)
+
+
+def h11_kl_slope_quadruples(rng):
+    """Healthy: the KL rises linearly (0.02 -> 0.06 at step 120), then four times as steeply, to 0.3 at step 240,
+    then holds."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.04 * _ease(0, 1.0, 120) + 0.24 * _ease(120, 1.0, 240), rng)
+
+
+def h11_kl_three_slopes_noisy(rng):
+    """Healthy: the KL's slope steps up at steps 100 and 200 (0.01 -> 0.05 -> 0.13 -> 0.33), under 20 % noise."""
+    s = _kl_follows(_healthy(rng), 0.01 + 0.04 * _ease(0, 1.0, 100) + 0.08 * _ease(100, 1.0, 200) + 0.2 * _ease(200), rng)
+    s["kl"] = s["kl"] * (1 + 0.1 * rng.standard_normal(N))
+    return s
+
+
+def h11_kl_slope_up_then_down(rng):
+    """Healthy: the KL rises slowly, steps up to three times that slope at step 90, back down at step 170 (a
+    learning-rate schedule's peak): 0.02 -> 0.05 -> 0.2 -> 0.25."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.03 * _ease(0, 1.0, 90) + 0.15 * _ease(90, 1.0, 170) + 0.05 * _ease(170),
+                       rng)
+
+
+def r11_kl_exp_fast_on_ramp(rng):
+    """A KL rising linearly (0.02 -> 0.08 at the onset) grows exponentially from the onset, doubling every ~10 steps
+    (0.002 -> ~1.4 at step 240); the accuracy falls from 60 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.002, 14.0, 60)
+    s["kl"] = s["kl"] + 0.02 + 0.06 * np.minimum(np.arange(N) / ONSET, 2.0)
+    return s
+
+
+def r11_kl_exp_35(rng):
+    """KL grows exponentially from the onset, doubling every ~35 steps (0.04 -> ~0.8 at the end); the accuracy
+    falls from 90 steps after the onset."""
+    return _kl_exp_after_onset(rng, 0.04, 50.0, 90)
+
+
+def r11_kl_exp_15_elevated(rng):
+    """A KL already at 0.08 grows exponentially from the onset, doubling every ~15 steps (0.005 -> ~5); the accuracy
+    falls from 60 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.005, 22.0, 60)
+    s["kl"] = s["kl"] + 0.08
+    return s
+
+
+REPORT11_SLOW = (r11_kl_exp_fast_on_ramp, r11_kl_exp_35, r11_kl_exp_15_elevated)
+REPORT11_HEALTHY = (h11_kl_slope_doubles, h11_kl_slope_quadruples, h11_kl_three_slopes_noisy, h11_kl_slope_up_then_down)
+REPORT11_SEEDS = range(11000, 11300)
+SLOW_REPORT11_SEEDS = range(11000, 11020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
