@@ -1264,6 +1264,58 @@ REPORT11_HEALTHY = (h11_kl_slope_doubles, h11_kl_slope_quadruples, h11_kl_three_
 REPORT11_SEEDS = range(11000, 11300)
 SLOW_REPORT11_SEEDS = range(11000, 11020)
 
+
+# Report set 12 (issue 22, seventh pass): declared after report set 11 was measured and before the KL forecast
+# was changed for it (seeds 12000-12299; the pathologies' 12000-12019). KLs that rise along logistic curves and
+# settle (exponential until they bend; set 8's one paged critical on a third of its runs), and exponentials from
+# a flat KL, one after such a rise.
+
+
+def h12_kl_logistic_slow(rng):
+    """Healthy: the KL rises along a logistic curve (0.02 -> 0.2, centred at step 160, 20 steps per e-fold)."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.18 * _logistic(160, 20), rng)
+
+
+def h12_kl_logistic_small(rng):
+    """Healthy: a small, quick logistic rise (0.005 -> 0.08, centred at step 120, 8 steps per e-fold)."""
+    return _kl_follows(_healthy(rng), 0.005 + 0.075 * _logistic(120, 8), rng)
+
+
+def h12_kl_logistic_late(rng):
+    """Healthy: a late logistic rise (0.03 -> 0.25, centred at step 220, 15 steps per e-fold)."""
+    return _kl_follows(_healthy(rng), 0.03 + 0.22 * _logistic(220, 15), rng)
+
+
+def h12_kl_two_logistics(rng):
+    """Healthy: two logistic steps (0.01 -> 0.06 at step 100, -> 0.15 at step 200, 10 steps per e-fold)."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.05 * _logistic(100, 10) + 0.09 * _logistic(200, 10), rng)
+
+
+def r12_kl_exp_12(rng):
+    """KL grows exponentially from the onset, doubling every ~12 steps from 0.003 (~1 at step 250); the accuracy
+    falls from 60 steps after the onset."""
+    return _kl_exp_after_onset(rng, 0.003, 17.0, 60)
+
+
+def r12_kl_exp_20(rng):
+    """KL grows exponentially from the onset, doubling every ~20 steps from 0.01 (~1.8 at the end); the accuracy
+    falls from 75 steps after the onset."""
+    return _kl_exp_after_onset(rng, 0.01, 29.0, 75)
+
+
+def r12_kl_exp_after_logistic(rng):
+    """A KL that rose along a logistic curve to 0.1 by step 100 grows exponentially from the onset, doubling every
+    ~20 steps (0.01 -> ~1.8); the accuracy falls from 70 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.01, 29.0, 70)
+    s["kl"] = s["kl"] + 0.1 * _logistic(70, 10)
+    return s
+
+
+REPORT12_SLOW = (r12_kl_exp_12, r12_kl_exp_20, r12_kl_exp_after_logistic)
+REPORT12_HEALTHY = (h12_kl_logistic_slow, h12_kl_logistic_small, h12_kl_logistic_late, h12_kl_two_logistics)
+REPORT12_SEEDS = range(12000, 12300)
+SLOW_REPORT12_SEEDS = range(12000, 12020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
