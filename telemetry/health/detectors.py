@@ -762,18 +762,23 @@ def kl_rows(c: _Ctx) -> None:
     # is as convex as an exponential for a window or two out of each trough. With that guard `kl_accel`
     # came down from 2 (an exponential doubling within a window, which a slow one passed only after the
     # damage) to 1.25 (docs/lead-time.md, sixth pass: fitted on the seen sets). The fourth window's rise
-    # must clear two standard errors of its difference (HELD_Z; seventh pass): a flat KL whose slope steps
-    # up (a hinge: a warm-up ending) shows a ratio of 2 for the window straddling the step, and a coin-flip
-    # m2 > m3 on its flat part let half of such runs warn; an exponential's m2 - m3 is d1 / r, far clear of
-    # it by the time the ratio test passes, so no lead was lost on the seen sets. se comes from the
+    # (d0 = m2 - m3) must clear 2 sd of that difference (2 sqrt 2 se), and the growth must already have
+    # sped up the window before (d1 - d0 by 2 of its sd, 2 sqrt 6 se; HELD_Z; seventh pass): the growth
+    # speeds up two windows in a row. A KL whose slope steps up (a warm-up ending, a schedule change) shows
+    # a ratio of 2 or more for the window past the step, but the windows before it rose at one slope or
+    # not at all: with a coin-flip m2 > m3, half of such runs warned. An exponential's d0 = d1 / r and
+    # d1 - d0 = d1 (r - 1) / r clear both by the time the ratio test passes unless it doubles within a
+    # window (docs/lead-time.md, seventh pass: 0 to 4 steps of lead). se comes from the
     # step-to-step noise (a trend is not noise: with the window's raw sd a steep rise would hide
     # itself), computed as the rule computes it.
     w, a = c.w, c.th.kl_accel
     d1, d2 = _shift(k_ma, w) - _shift(k_ma, 2 * w), k_ma - _shift(k_ma, w)
     se = _diff_se(c.s["kl"], w)
     z1, z2 = KL_ACCEL_Z * math.sqrt(2), KL_ACCEL_Z * math.sqrt(1 + (1 + a) ** 2 + a * a)
-    held4 = _shift(k_ma, 2 * w) - _shift(k_ma, 3 * w) > HELD_Z * math.sqrt(2) * se
-    accel = ((c.row >= 4 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & held4
+    d0 = _shift(k_ma, 2 * w) - _shift(k_ma, 3 * w)
+    held4 = d0 > HELD_Z * math.sqrt(2) * se
+    sped = d1 - d0 > HELD_Z * math.sqrt(6) * se  # sd of m1 - 2 m2 + m3: sqrt 6 se
+    accel = ((c.row >= 4 * w) & (k_ma >= c.th.kl_accel_min) & (d1 > z1 * se) & (d2 - a * d1 > z2 * se) & held4 & sped
              & (w >= MIN_STEPS))
     # Forecast: the growth is super-linear (the test above), so a straight line would underrate it; at
     # its own rate r a window, the KL is m0 r^(H/w) at the horizon H: critical when that is past kl_bound
@@ -813,7 +818,7 @@ def _diff_se(x: np.ndarray, w: int) -> np.ndarray:
 
 _NORMAL = NormalDist()
 KL_ACCEL_Z = 4.0  # standard deviations of noise a KL acceleration must stand out of (one-sided p ~ 3e-5 a step)
-HELD_Z = 2.0  # ... and its fourth window's rise (m2 - m3), as _escalate's "worse than a window earlier"
+HELD_Z = 2.0  # ... and the rise and speed-up of the windows before (as _escalate's "worse than a window earlier")
 # A standard error estimated from fewer steps than this is itself noise: the rows that test against one
 # need windows of at least MIN_STEPS steps (PromQL: a time window that holds fewer steps does not judge).
 MIN_STEPS = 5

@@ -385,11 +385,13 @@ def _promql(p: RuleParams) -> dict[str, tuple[str, str, str]]:
             "(grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)\n"
             f"  > {_num(KL_ACCEL_Z * math.sqrt(1 + (1 + t.kl_accel) ** 2 + t.kl_accel**2))} * grpo:kl_mean:se_w\n"
             f"and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > {_num(HELD_Z * math.sqrt(2))} * grpo:kl_mean:se_w\n"
+            "and (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2) - (grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3)\n"
+            f"  > {_num(HELD_Z * math.sqrt(6))} * grpo:kl_mean:se_w\n"
             f"and grpo:steps:seen_w >= {MIN_STEPS}\nand {_aged(p, 4)}",
             "KL {{ $value }} and its growth accelerating",
             f"Mean KL over {w} is {{{{ $value }}}} and grew more than {_num(t.kl_accel)}x as much over the last {w} as "
-            f"over the {w} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of "
-            "kl_runaway.",
+            f"over the {w} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up "
+            "the window before too: super-linear growth, the lead of kl_runaway.",
         ),
         "kl_only_learning": (
             "grpo:loss:avg_2w < 0.5 * grpo:loss:avg_2w_prev2\n"

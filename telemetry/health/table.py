@@ -134,8 +134,8 @@ TABLE: list[Row] = [
     Row(
         "kl_acceleration",
         "warning",
-        "KL growing super-linearly: its window mean rising beyond its noise three windows in a row, the last rise over "
-        "1.25x the one before",
+        "KL growing super-linearly: its window mean rising beyond its noise three windows in a row, each rise larger "
+        "than the one before and the last over 1.25x it",
         "the update is running away from the reference (LR too high or rising, beta decaying)",
         "lower the LR, raise beta or clip the update ratio before KL reaches its bound",
         dont="wait for kl_runaway: by then the policy is already off the reference; and do not read steady, linear KL "

@@ -345,6 +345,8 @@ groups:
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
       and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2) - (grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3)
+        > 4.89898 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
     for: {{ include "grpo-sentinel.rules.duration" $pending }}
@@ -353,7 +355,7 @@ groups:
       condition: kl_acceleration
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -368,6 +370,8 @@ groups:
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
       and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2) - (grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3)
+        > 4.89898 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
@@ -379,7 +383,7 @@ groups:
       stage: escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -394,6 +398,8 @@ groups:
       and (grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev) - 1.25 * (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2)
         > 11.0454 * grpo:kl_mean:se_w
       and grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3 > 2.82843 * grpo:kl_mean:se_w
+      and (grpo:kl_mean:avg_w_prev - grpo:kl_mean:avg_w_prev2) - (grpo:kl_mean:avg_w_prev2 - grpo:kl_mean:avg_w_prev3)
+        > 4.89898 * grpo:kl_mean:se_w
       and grpo:steps:seen_w >= 5
       and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
       )
@@ -405,7 +411,7 @@ groups:
       stage: forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1579,6 +1585,9 @@ groups:
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))) - ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))))
+            > 4.89898 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
         refId: A
@@ -1621,7 +1630,7 @@ groups:
     title: GRPOKLAcceleration
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1646,6 +1655,9 @@ groups:
             > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))) - ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))))
+            > 4.89898 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
@@ -1692,7 +1704,7 @@ groups:
     title: GRPOKLAcceleration escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
@@ -1718,6 +1730,9 @@ groups:
             > 11.0454 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))) > 2.82843 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
+          / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
+          and ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }})))) - ((avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}))) - (avg by (job, instance, run_id) (avg_over_time(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" (mul 3 $window) }}))))
+            > 4.89898 * (avg by (job, instance, run_id) (stddev_over_time((idelta(grpo_kl_mean[{{ include "grpo-sentinel.rules.duration" (mul 2 $window) }}]) != 0)[{{ include "grpo-sentinel.rules.duration" $window }}:]))
           / 1.41421 / sqrt((max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1)))
           and (max by (job, instance, run_id) (changes(grpo_step[{{ include "grpo-sentinel.rules.duration" $window }}])) + 1) >= 5
           and max by (job, instance, run_id) (grpo_step offset {{ include "grpo-sentinel.rules.duration" (mul 4 $window) }})
@@ -1765,7 +1780,7 @@ groups:
     title: GRPOKLAcceleration forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: KL {{ "{{" }} $values.B.Value {{ "}}" }} and its growth accelerating (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising three windows in a row: super-linear growth, the lead of kl_runaway.'
+      description: 'Mean KL over {{ include "grpo-sentinel.rules.duration" $window }} is {{ "{{" }} $values.B.Value {{ "}}" }} and grew more than 1.25x as much over the last {{ include "grpo-sentinel.rules.duration" $window }} as over the {{ include "grpo-sentinel.rules.duration" $window }} before, beyond its noise, after rising beyond its noise three windows in a row and speeding up the window before too: super-linear growth, the lead of kl_runaway.'
       cause: the update is running away from the reference (LR too high or rising, beta decaying)
       action: lower the LR, raise beta or clip the update ratio before KL reaches its bound
       runbook_url: '{{ $runbook }}#kl_acceleration'
