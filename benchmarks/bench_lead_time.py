@@ -29,7 +29,9 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   pass changed anything) and report set 11 (zoo.REPORT11_SLOW, seeds 11000-11019; zoo.REPORT11_HEALTHY, seeds
   11000-11299: declared after set 10's measurement, before the change it led to) and report set 12
   (zoo.REPORT12_SLOW, seeds 12000-12019; zoo.REPORT12_HEALTHY, seeds 12000-12299: declared after set 11's
-  measurement, before the KL forecast was changed). Each slow row also prints
+  measurement, before the KL forecast was changed) and report set 13 (zoo.REPORT13_SLOW, seeds 13000-13019;
+  zoo.REPORT13_HEALTHY, seeds 13000-13299: lengths; declared before length_drift was changed). Each slow row
+  also prints
   `oracle`: the lead a test knowing the onset and the mean path could reach at the detectors' false-alarm
   rate (oracle_step);
 - induced: real training of the tiny demo model with a slow pathology induced (a rising LR, a
@@ -195,7 +197,7 @@ def print_zoo(rows: list[dict], label: str) -> None:
 
     slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW + zoo.REPORT6_SLOW
                                    + zoo.REPORT8_SLOW + zoo.REPORT9_SLOW + zoo.REPORT10_SLOW + zoo.REPORT11_SLOW
-                                   + zoo.REPORT12_SLOW}
+                                   + zoo.REPORT12_SLOW + zoo.REPORT13_SLOW}
     slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
@@ -411,7 +413,7 @@ def main() -> None:
         print_zoo(held, "seen report set, seeds 1000-%d" % (999 + args.seeds))
         report["zoo_report2"] = held2 = zoo_table(zoo.SLOW_REPORT2_SEEDS[:args.seeds])
         print_zoo(held2, "report set 2, seeds 2000-%d" % (1999 + min(args.seeds, len(zoo.SLOW_REPORT2_SEEDS))))
-        # Report sets 3-6 and 8-12: new shapes of the slow pathologies (and new healthy families, below), each committed
+        # Report sets 3-6 and 8-13: new shapes of the slow pathologies (and new healthy families, below), each committed
         # before any detector ran on it and measured once; docs/lead-time.md says which pass fitted on which.
         for k, gens, seeds, label in ((3, zoo.REPORT3_SLOW, zoo.SLOW_REPORT3_SEEDS, "new shapes, seen"),
                                       (4, zoo.REPORT4_SLOW, zoo.SLOW_REPORT4_SEEDS, "new shapes, seen"),
@@ -421,7 +423,8 @@ def main() -> None:
                                       (9, zoo.REPORT9_SLOW, zoo.SLOW_REPORT9_SEEDS, "new shapes"),
                                       (10, zoo.REPORT10_SLOW, zoo.SLOW_REPORT10_SEEDS, "new shapes, seen"),
                                       (11, zoo.REPORT11_SLOW, zoo.SLOW_REPORT11_SEEDS, "new shapes, seen"),
-                                      (12, zoo.REPORT12_SLOW, zoo.SLOW_REPORT12_SEEDS, "new shapes")):
+                                      (12, zoo.REPORT12_SLOW, zoo.SLOW_REPORT12_SEEDS, "new shapes"),
+                                      (13, zoo.REPORT13_SLOW, zoo.SLOW_REPORT13_SEEDS, "new shapes")):
             report[f"zoo_report{k}"] = rows = zoo_table(seeds[:args.seeds], gens)
             print_zoo(rows, f"report set {k} ({label}), seeds {seeds[0]}-{seeds[0] - 1 + min(args.seeds, len(seeds))}")
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
@@ -438,7 +441,8 @@ def main() -> None:
                 ("false_pages_report9", "report set 9", zoo.REPORT9_HEALTHY, zoo.REPORT9_SEEDS),
                 ("false_pages_report10", "report set 10 (seen)", zoo.REPORT10_HEALTHY, zoo.REPORT10_SEEDS),
                 ("false_pages_report11", "report set 11 (seen)", zoo.REPORT11_HEALTHY, zoo.REPORT11_SEEDS),
-                ("false_pages_report12", "report set 12", zoo.REPORT12_HEALTHY, zoo.REPORT12_SEEDS)):
+                ("false_pages_report12", "report set 12", zoo.REPORT12_HEALTHY, zoo.REPORT12_SEEDS),
+                ("false_pages_report13", "report set 13", zoo.REPORT13_HEALTHY, zoo.REPORT13_SEEDS)):
             report[key] = rows = false_pages(families, seeds[:runs])
             print_false_pages(rows, label)
         from benchmarks import bench_wild

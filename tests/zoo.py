@@ -1316,6 +1316,88 @@ REPORT12_HEALTHY = (h12_kl_logistic_slow, h12_kl_logistic_small, h12_kl_logistic
 REPORT12_SEEDS = range(12000, 12300)
 SLOW_REPORT12_SEEDS = range(12000, 12020)
 
+
+# Report set 13 (issue 22, seventh pass): declared after report set 12 was measured and before length_drift was
+# changed for it (seeds 13000-13299; the pathologies' 13000-13019). Healthy runs whose completions grow a long way
+# with more of them cut (to 15 %), and lengths that creep to the cap from short completions, late, or with the
+# capped share lagging.
+
+
+def h13_lengths_grow_more_capped(rng):
+    """Healthy: completions grow from 5 to 40 tokens (of 64) over steps 50-200 (longer reasoning) and the capped
+    share from 1 % to 15 %; both then hold."""
+    s = _healthy(rng)
+    x = _ease(50, 1.0, 200)
+    s["response_len"] = 5 + 35 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.14 * x) / (P * G)
+    return s
+
+
+def h13_lengths_early_growth(rng):
+    """Healthy: completions grow from 4 to 45 tokens over the first 120 steps, the capped share from 2 % to 10 %."""
+    s = _healthy(rng)
+    x = 1 - np.exp(-np.arange(N) / 40)
+    s["response_len"] = 4 + 41 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.08 * x) / (P * G)
+    return s
+
+
+def h13_lengths_noisy_stable(rng):
+    """Healthy: completions ~20 tokens with a noisy mean (sd 3 tokens a step), 5 % capped."""
+    s = _healthy(rng)
+    s["response_len"] = 20 + 3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.05, N) / (P * G)
+    return s
+
+
+def h13_lengths_grow_then_shrink(rng):
+    """Healthy: completions grow from 6 to 35 tokens by step 150, then shorten to 20 (the run learns to be concise);
+    the capped share 1 % -> 8 % -> 3 %."""
+    s = _healthy(rng)
+    up, down = _ease(0, 1.0, 150), _ease(150)
+    s["response_len"] = 6 + 29 * up - 15 * down + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.07 * up - 0.05 * down) / (P * G)
+    return s
+
+
+def r13_length_exp_from_short(rng):
+    """Lengths grow exponentially from 3 tokens at the onset, doubling every ~20 steps, until 95 % of the cap; the
+    capped share follows to 90 %; the accuracy falls from 55 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 55))
+    t = np.arange(N, dtype=float)
+    length = np.minimum(3 * np.exp(np.clip(t - ONSET, 0, None) / 29.0), 0.95 * MAX_NEW)
+    s["response_len"] = length + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.9 * np.clip((length - 3) / (0.95 * MAX_NEW - 3), 0, 1)) / (P * G)
+    return s
+
+
+def r13_length_late_linear(rng):
+    """Lengths creep linearly from step 170 to 95 % of the cap at the end, the capped share to 85 %; the accuracy
+    falls from step 240."""
+    s = _with_p(rng, _decline(0.6, 0.2, 90))
+    x = _ease(170)
+    s["response_len"] = 4 + (0.95 * MAX_NEW - 4) * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.85 * x) / (P * G)
+    s["_onset"] = np.array([170.0])
+    return s
+
+
+def r13_length_share_lags(rng):
+    """Lengths creep linearly from the onset to 95 % of the cap; the capped share lags them (quadratic, to 85 %); the
+    accuracy falls from 65 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 65))
+    x = _ease(ONSET)
+    s["response_len"] = 4 + (0.95 * MAX_NEW - 4) * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.85 * x**2) / (P * G)
+    return s
+
+
+REPORT13_SLOW = (r13_length_exp_from_short, r13_length_late_linear, r13_length_share_lags)
+REPORT13_HEALTHY = (h13_lengths_grow_more_capped, h13_lengths_early_growth, h13_lengths_noisy_stable,
+                    h13_lengths_grow_then_shrink)
+REPORT13_SEEDS = range(13000, 13300)
+SLOW_REPORT13_SEEDS = range(13000, 13020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
