@@ -135,6 +135,19 @@ def test_kl_acceleration_does_not_take_a_slope_step_on_a_rising_kl_for_growth():
     assert warned <= 2, warned
 
 
+def test_length_drift_pages_an_exponential_length_creep_well_before_the_damage():
+    """Lengths doubling every ~25 steps from 3.5 tokens (zoo r5_length_exp_creep, report set 5, seen) stay short for
+    long: with the CUSUM's allowance at a quarter of the way to the cap (length_drift 0.5) they were paged 9 steps
+    before the damage on average. At an eighth (length_drift 0.25, seventh pass), 15 or more on average and every
+    seed before it; the capped share rising beyond its noise is still required (healthy growth: the zoo tests)."""
+    leads = []
+    for seed in range(5000, 5010):
+        _, damage = zoo.truth(zoo.r5_length_exp_creep, seed)
+        critical = [c for c in diagnose(zoo.make(zoo.r5_length_exp_creep, seed)).conditions if c.severity == "critical"]
+        leads.append(damage - critical[0].first_step if critical else -np.inf)
+    assert np.mean(leads) >= 15 and min(leads) > 0, leads
+
+
 def test_kl_acceleration_projects_the_growth_only_as_far_as_it_has_risen():
     """The forecast raises the growth ratio to the number of windows the KL has risen in a row (at most H). Two
     KLs double every window from step 8w on; one rose steadily before that, the other fell (a hump, a swing): the

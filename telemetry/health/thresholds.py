@@ -46,7 +46,9 @@ class Thresholds:
     loss_blowup_share: float = 0.5  # the share of updates beyond the early range the test is built to detect
     loss_blowup_arl: float = 1e5  # updates between false alarms at worst (Wald: h = ln ARL0)
     entropy_drift: float = 0.25  # entropy rise above its early baseline worth a warning, as a fraction of it
-    length_drift: float = 0.5  # mean length rising this fraction of the way from its early level to the cap
+    length_drift: float = 0.25  # mean length rising this fraction of the way from its early level to the cap (the
+    # CUSUM's allowance is half of it). 0.5 before the seventh pass paged 10 to 20 steps later; the capped share
+    # rising beyond its noise, not the length alone, tells a creep to the cap from a run learning to reason longer
     correctness_drop: float = 0.1  # relative fall of training correctness below its peak that matters (as damage)
     correctness_lookback: int = 10  # 2w-windows the training correctness peak is taken over (an all-time max drifts up)
     all_wrong_rise: float = 0.2  # rise of the share of all-wrong groups above its early level
