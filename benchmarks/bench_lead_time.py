@@ -30,7 +30,9 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   11000-11299: declared after set 10's measurement, before the change it led to) and report set 12
   (zoo.REPORT12_SLOW, seeds 12000-12019; zoo.REPORT12_HEALTHY, seeds 12000-12299: declared after set 11's
   measurement, before the KL forecast was changed) and report set 13 (zoo.REPORT13_SLOW, seeds 13000-13019;
-  zoo.REPORT13_HEALTHY, seeds 13000-13299: lengths; declared before length_drift was changed). Each slow row
+  zoo.REPORT13_HEALTHY, seeds 13000-13299: lengths; declared before length_drift was changed) and report set 14
+  (zoo.REPORT14_SLOW, seeds 14000-14019; zoo.REPORT14_HEALTHY, seeds 14000-14299: lengths; declared after set 13's
+  measurement, before length_drift's held stage was changed). Each slow row
   also prints
   `oracle`: the lead a test knowing the onset and the mean path could reach at the detectors' false-alarm
   rate (oracle_step);
@@ -197,7 +199,7 @@ def print_zoo(rows: list[dict], label: str) -> None:
 
     slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW + zoo.REPORT6_SLOW
                                    + zoo.REPORT8_SLOW + zoo.REPORT9_SLOW + zoo.REPORT10_SLOW + zoo.REPORT11_SLOW
-                                   + zoo.REPORT12_SLOW + zoo.REPORT13_SLOW}
+                                   + zoo.REPORT12_SLOW + zoo.REPORT13_SLOW + zoo.REPORT14_SLOW}
     slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
@@ -424,7 +426,8 @@ def main() -> None:
                                       (10, zoo.REPORT10_SLOW, zoo.SLOW_REPORT10_SEEDS, "new shapes, seen"),
                                       (11, zoo.REPORT11_SLOW, zoo.SLOW_REPORT11_SEEDS, "new shapes, seen"),
                                       (12, zoo.REPORT12_SLOW, zoo.SLOW_REPORT12_SEEDS, "new shapes"),
-                                      (13, zoo.REPORT13_SLOW, zoo.SLOW_REPORT13_SEEDS, "new shapes")):
+                                      (13, zoo.REPORT13_SLOW, zoo.SLOW_REPORT13_SEEDS, "new shapes, seen"),
+                                      (14, zoo.REPORT14_SLOW, zoo.SLOW_REPORT14_SEEDS, "new shapes")):
             report[f"zoo_report{k}"] = rows = zoo_table(seeds[:args.seeds], gens)
             print_zoo(rows, f"report set {k} ({label}), seeds {seeds[0]}-{seeds[0] - 1 + min(args.seeds, len(seeds))}")
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
@@ -442,7 +445,8 @@ def main() -> None:
                 ("false_pages_report10", "report set 10 (seen)", zoo.REPORT10_HEALTHY, zoo.REPORT10_SEEDS),
                 ("false_pages_report11", "report set 11 (seen)", zoo.REPORT11_HEALTHY, zoo.REPORT11_SEEDS),
                 ("false_pages_report12", "report set 12", zoo.REPORT12_HEALTHY, zoo.REPORT12_SEEDS),
-                ("false_pages_report13", "report set 13", zoo.REPORT13_HEALTHY, zoo.REPORT13_SEEDS)):
+                ("false_pages_report13", "report set 13 (seen)", zoo.REPORT13_HEALTHY, zoo.REPORT13_SEEDS),
+                ("false_pages_report14", "report set 14", zoo.REPORT14_HEALTHY, zoo.REPORT14_SEEDS)):
             report[key] = rows = false_pages(families, seeds[:runs])
             print_false_pages(rows, label)
         from benchmarks import bench_wild

@@ -1398,6 +1398,88 @@ REPORT13_HEALTHY = (h13_lengths_grow_more_capped, h13_lengths_early_growth, h13_
 REPORT13_SEEDS = range(13000, 13300)
 SLOW_REPORT13_SEEDS = range(13000, 13020)
 
+
+# Report set 14 (issue 22, eighth pass): declared after report set 13 was measured and before length_drift's held
+# stage was changed for it (seeds 14000-14299; the pathologies' 14000-14019). Healthy runs whose completions grow
+# with more of them cut, but bounded (to 10-20 %), in other shapes than set 13's; creeps to the cap from an
+# already-capped start, late and exponential, and a jump then a creep.
+
+
+def h14_lengths_grow_to_70pct(rng):
+    """Healthy: completions grow from 6 to 45 tokens (of 64) over steps 30-250 and the capped share from 2 % to
+    20 %; both then hold."""
+    s = _healthy(rng)
+    x = _ease(30, 1.0, 250)
+    s["response_len"] = 6 + 39 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.18 * x) / (P * G)
+    return s
+
+
+def h14_lengths_linear_all_run(rng):
+    """Healthy: completions creep linearly over the whole run from 10 to 40 tokens, the capped share 3 % -> 12 %."""
+    s = _healthy(rng)
+    x = _ease(0)
+    s["response_len"] = 10 + 30 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.03 + 0.09 * x) / (P * G)
+    return s
+
+
+def h14_lengths_two_spurts(rng):
+    """Healthy: completions grow in two spurts (steps 60-90 and 180-210) from 8 to 22 to 38 tokens, the capped
+    share 2 % -> 8 % -> 14 %."""
+    s = _healthy(rng)
+    x = _ease(60, 1.0, 90) + _ease(180, 1.0, 210)
+    s["response_len"] = 8 + 15 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.06 * x) / (P * G)
+    return s
+
+
+def h14_lengths_sqrt_growth(rng):
+    """Healthy: completions grow as the square root of the time from 5 to 42 tokens, the capped share 1 % -> 18 %."""
+    s = _healthy(rng)
+    x = _ease(0, 0.5)
+    s["response_len"] = 5 + 37 * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.17 * x) / (P * G)
+    return s
+
+
+def r14_length_creep_from_capped(rng):
+    """Completions at 35 tokens with 12 % capped creep linearly from the onset to 95 % of the cap, the capped share
+    to 88 %; the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    x = _ease(ONSET)
+    s["response_len"] = 35 + (0.95 * MAX_NEW - 35) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.12 + 0.76 * x) / (P * G)
+    return s
+
+
+def r14_length_exp_late(rng):
+    """Lengths grow exponentially from 6 tokens at step 190, doubling every ~17 steps, until 95 % of the cap; the
+    capped share follows to 90 %; the accuracy falls from step 250."""
+    s = _with_p(rng, _decline(0.6, 0.2, 100))
+    t = np.arange(N, dtype=float)
+    length = np.minimum(6 * np.exp(np.clip(t - 190, 0, None) / 25.0), 0.95 * MAX_NEW)
+    s["response_len"] = length + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.9 * np.clip((length - 6) / (0.95 * MAX_NEW - 6), 0, 1)) / (P * G)
+    s["_onset"] = np.array([190.0])
+    return s
+
+
+def r14_length_jump_then_creep(rng):
+    """Lengths jump from 5 to 25 tokens at the onset (capped 2 % -> 15 %), then creep linearly to 95 % of the cap,
+    the capped share to 85 %; the accuracy falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 70))
+    jump, x = (np.arange(N) >= ONSET).astype(float), _ease(ONSET)
+    s["response_len"] = 5 + 20 * jump + (0.95 * MAX_NEW - 25) * x + 0.3 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.13 * jump + 0.7 * x) / (P * G)
+    return s
+
+
+REPORT14_SLOW = (r14_length_creep_from_capped, r14_length_exp_late, r14_length_jump_then_creep)
+REPORT14_HEALTHY = (h14_lengths_grow_to_70pct, h14_lengths_linear_all_run, h14_lengths_two_spurts, h14_lengths_sqrt_growth)
+REPORT14_SEEDS = range(14000, 14300)
+SLOW_REPORT14_SEEDS = range(14000, 14020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
