@@ -148,6 +148,25 @@ def test_length_drift_pages_an_exponential_length_creep_well_before_the_damage()
     assert np.mean(leads) >= 15 and min(leads) > 0, leads
 
 
+def test_length_drift_held_stage_needs_the_capped_share_climbing_not_the_length():
+    """Lengths growing from 8 % to 63 % of the cap while the capped share rises from 1 % to 15 % and holds (zoo
+    h13_lengths_grow_more_capped, report set 13, seen): a run learning to reason longer. The length itself was held
+    rising a window, so with the length as the held stage's signal 114 of set 13's 300 runs went critical. The
+    share climbs 2 points a window there, under twice the noise of a window-to-window difference (2 sqrt 2 x
+    sqrt(0.1 x 0.9 / 64) / sqrt 20 ~ 2.4 points): it warns, and stays a warning. A creep to the cap (the share
+    climbing 13 points a window, r13_length_late_linear) is still critical before the damage (the forecast stage
+    leads) and reaches the held stage too."""
+    for seed in range(13000, 13050):
+        found = [c for c in diagnose(zoo.make(zoo.h13_lengths_grow_more_capped, seed)).conditions if c.id == "length_drift"]
+        assert all(c.severity == "warning" for c in found), (seed, found)
+    for seed in range(13000, 13005):
+        _, damage = zoo.truth(zoo.r13_length_late_linear, seed)
+        critical = [c for c in diagnose(zoo.make(zoo.r13_length_late_linear, seed)).conditions
+                    if c.id == "length_drift" and c.severity == "critical"]
+        assert critical and min(c.first_step for c in critical) < damage, (seed, damage, critical)
+        assert any(c.evidence.endswith("while getting worse: critical") for c in critical), (seed, critical)
+
+
 def test_kl_acceleration_projects_the_growth_only_as_far_as_it_has_risen():
     """The forecast raises the growth ratio to the number of windows the KL has risen in a row (at most H). Two
     KLs double every window from step 8w on; one rose steadily before that, the other fell (a hump, a swing): the

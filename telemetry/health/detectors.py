@@ -894,7 +894,10 @@ def length_drift(c: _Ctx) -> None:
     rising = _reward_rising(c)
     capping, eta = _forecast(c, capped, c.th.truncation_capped, 1.0)
     capping &= ~(rising & (t_ma >= c.th.truncation))
-    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, u, 1.0,
+    # Held: the capped share, not the length, getting worse a window on (eighth pass). Lengths keep rising on
+    # a run learning to reason longer (report set 13: to 63 % of the cap, 16 % cut, held rising for 20 steps);
+    # what heads to the damage is the share of completions cut, which must be climbing beyond its noise.
+    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, capped, 1.0,
               lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
                            f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
               gap=c.w, excused=rising,

@@ -68,7 +68,7 @@ DIFFERS = {
                      "learning while capped, is length_pathology's warning)",
     "nonfinite": "PromQL counts skipped updates within the window (`nonfinite_run` or more: critical); the trainer "
                  "counts them in a row",
-    "length_drift": "its escalated stage reads the trainer's warning held and the mean length rising; the trainer also "
+    "length_drift": "its escalated stage reads the trainer's warning held and the truncation rate rising; the trainer also "
                     "needs the rise beyond two standard errors and does not escalate while the reward rises (as "
                     "length_capped). Its forecast stage reads the trainer's warning and predict_linear of the truncation "
                     "rate; the trainer also needs the trend beyond 3 standard errors, and no reward rising with half "
@@ -89,15 +89,9 @@ DIFFERS = {
 # `escalate_windows` windows (`for:`, as the detector's run of consecutive steps). Trainer-side rows
 # read the trainer's verdict for the warning part.
 def _worse(p: "RuleParams") -> dict[str, str]:
-    w, by = duration(p.window), _by(p)
-
-    def length(off: str = "") -> str:  # the mean completion length over the window (all completions)
-        return (f"sum {by} (rate({series(p, 'grpo_completion_length_sum')}[{w}]{off}))\n"
-                f"/ sum {by} (rate({series(p, 'grpo_completion_length_count')}[{w}]{off}))")
-
     worse = {
         "kl_acceleration": f"grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > {_num(2 * math.sqrt(2))} * grpo:kl_mean:se_w",
-        "length_drift": f"(\n{length()}\n) > (\n{length(f' offset {w}')}\n)",
+        "length_drift": "grpo:truncation_rate:avg_w > grpo:truncation_rate:avg_w_prev",
         "correctness_drop": "grpo:train_accuracy:avg_w < grpo:train_accuracy:avg_w_prev",
     }
     assert set(worse) == set(ESCALATING), "every escalating detector row has its rule"
@@ -269,6 +263,7 @@ def recording_rules(p: RuleParams) -> list[dict]:
         "grpo:entropy:baseline": f"max {by} ({series(p, 'grpo_entropy_baseline')})",
         "grpo:ln_vocab": f"max {by} ({series(p, 'grpo_entropy_mean')} / {series(p, 'grpo_entropy_normalized')})",
         "grpo:truncation_rate:avg_w": avg("grpo_truncation_rate", w),
+        "grpo:truncation_rate:avg_w_prev": avg("grpo_truncation_rate", w, w),
         "grpo:repetition_rate:avg_w": avg("grpo_repetition_rate", w),
         # Completion length per completion (from the histogram: every completion counts), by correctness.
         "grpo:completion_length:mean_w": length_mean(),

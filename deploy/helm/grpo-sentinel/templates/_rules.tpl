@@ -153,6 +153,8 @@ groups:
     expr: max by (job, instance, run_id) (grpo_entropy_mean / grpo_entropy_normalized)
   - record: grpo:truncation_rate:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))
+  - record: grpo:truncation_rate:avg_w_prev
+    expr: avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
   - record: grpo:repetition_rate:avg_w
     expr: avg by (job, instance, run_id) (avg_over_time(grpo_repetition_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))
   - record: grpo:completion_length:mean_w
@@ -632,13 +634,7 @@ groups:
       max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
       or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="length_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
       )
-      and (
-      sum by (job, instance, run_id) (rate(grpo_completion_length_sum[{{ include "grpo-sentinel.rules.duration" $window }}]))
-      / sum by (job, instance, run_id) (rate(grpo_completion_length_count[{{ include "grpo-sentinel.rules.duration" $window }}]))
-      ) > (
-      sum by (job, instance, run_id) (rate(grpo_completion_length_sum[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
-      / sum by (job, instance, run_id) (rate(grpo_completion_length_count[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
-      )
+      and grpo:truncation_rate:avg_w > grpo:truncation_rate:avg_w_prev
     labels:
       severity: critical
       condition: length_drift
@@ -2430,13 +2426,7 @@ groups:
           max by (job, instance, run_id) (grpo_health_condition{condition="length_drift"}) == 1
           or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="length_drift"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
           )
-          and (
-          sum by (job, instance, run_id) (rate(grpo_completion_length_sum[{{ include "grpo-sentinel.rules.duration" $window }}]))
-          / sum by (job, instance, run_id) (rate(grpo_completion_length_count[{{ include "grpo-sentinel.rules.duration" $window }}]))
-          ) > (
-          sum by (job, instance, run_id) (rate(grpo_completion_length_sum[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
-          / sum by (job, instance, run_id) (rate(grpo_completion_length_count[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }}))
-          )
+          and (avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}]))) > (avg by (job, instance, run_id) (avg_over_time(grpo_truncation_rate[{{ include "grpo-sentinel.rules.duration" $window }}] offset {{ include "grpo-sentinel.rules.duration" $window }})))
         refId: A
         instant: true
         range: false
