@@ -151,8 +151,8 @@ def test_length_drift_pages_an_exponential_length_creep_well_before_the_damage()
 def test_length_drift_held_stage_needs_the_capped_share_climbing_not_the_length():
     """Lengths growing from 8 % to 63 % of the cap while the capped share rises from 1 % to 15 % and holds (zoo
     h13_lengths_grow_more_capped, report set 13, seen): a run learning to reason longer. The length itself was held
-    rising a window, so with the length as the held stage's signal 114 of set 13's 300 runs (22 of these 50) went
-    critical. The share climbs 2 points a window there, under twice the noise of a window-to-window difference
+    rising a window, so with the length as the held stage's signal set 13's 300 runs got 114 criticals (22 of these 50
+    seeds went critical). The share climbs 2 points a window there, under twice the noise of a window-to-window difference
     (2 sqrt 2 x sqrt(0.1 x 0.9 / 64) / sqrt 20 ~ 2.4 points): it warns, and stays a warning. A creep to the cap (the share
     climbing 13 points a window, r13_length_late_linear) is still critical before the damage (the forecast stage
     leads) and reaches the held stage too."""

@@ -87,8 +87,8 @@ DIFFERS = {
 # The drift rows whose warning escalates (detectors._escalate): row id -> the PromQL for "its signal
 # is worse than a window earlier". The critical rule is the warning's expression and that, held for
 # `escalate_windows` windows (`for:`, as the detector's run of consecutive steps). Trainer-side rows
-# read the trainer's verdict for the warning part.
-def _worse(p: "RuleParams") -> dict[str, str]:
+# read the trainer's verdict for the warning part. They read recording rules only, so no params.
+def _worse() -> dict[str, str]:
     worse = {
         "kl_acceleration": f"grpo:kl_mean:avg_w - grpo:kl_mean:avg_w_prev > {_num(2 * math.sqrt(2))} * grpo:kl_mean:se_w",
         "length_drift": "grpo:truncation_rate:avg_w > grpo:truncation_rate:avg_w_prev",
@@ -483,7 +483,7 @@ def _dashboard(p: RuleParams) -> dict[str, str]:
 
 
 def health_rules(p: RuleParams) -> list[dict]:
-    promql, worse, foresee, out = _promql(p), _worse(p), _foresee(p), []
+    promql, worse, foresee, out = _promql(p), _worse(), _foresee(p), []
     for row in TABLE:
         if row.id in promql:
             expr, summary, description = promql[row.id]
