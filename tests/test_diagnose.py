@@ -16,6 +16,7 @@ from grpo_sentinel.telemetry.health.runlog import RunLog
 from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.schema import RunInfo
+from grpo_sentinel.telemetry.stats import moving_average
 from helpers import cli, new_run
 
 BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
@@ -153,9 +154,10 @@ def test_length_drift_held_stage_needs_the_capped_share_climbing_not_the_length(
     h13_lengths_grow_more_capped, report set 13, seen): a run learning to reason longer. The length itself was held
     rising a window, so with the length as the held stage's signal set 13's 300 runs got 114 criticals (22 of these 50
     seeds went critical). The share climbs 2 points a window there, under twice the noise of a window-to-window difference
-    (2 sqrt 2 x sqrt(0.1 x 0.9 / 64) / sqrt 20 ~ 2.4 points): it warns, and stays a warning. A creep to the cap (the share
-    climbing 13 points a window, r13_length_late_linear) is still critical before the damage (the forecast stage
-    leads) and reaches the held stage too."""
+    (2 sqrt 2 x sqrt(0.1 x 0.9 / 64) / sqrt 20 ~ 2.4 points): it stays a warning (and since the ninth
+    pass there is no warning either: the next test). A creep to the cap (the share climbing 13 points a window,
+    r13_length_late_linear) is still critical before the damage (the forecast stage leads) and reaches the held stage
+    too."""
     for seed in range(13000, 13050):
         found = [c for c in diagnose(zoo.make(zoo.h13_lengths_grow_more_capped, seed)).conditions if c.id == "length_drift"]
         assert all(c.severity == "warning" for c in found), (seed, found)
@@ -165,6 +167,27 @@ def test_length_drift_held_stage_needs_the_capped_share_climbing_not_the_length(
                     if c.id == "length_drift" and c.severity == "critical"]
         assert critical and min(c.first_step for c in critical) < damage, (seed, damage, critical)
         assert any(c.evidence.endswith("while getting worse: critical") for c in critical), (seed, critical)
+
+
+def test_length_drift_warns_only_while_the_cut_share_heads_to_half():
+    """Lengths growing from 9 % to 70 % of the cap while the capped share rises from 2 % to 20 % and holds (zoo
+    h14_lengths_grow_to_70pct, report set 14, seen): every one of set 14's 300 runs warned, because the share sat above
+    its early level beyond its noise. The share climbs 0.18 / 220 ~ 0.0008 a step, so its line reaches `truncation`
+    (half cut) (0.5 - 0.2) / 0.0008 ~ 370 steps on at the earliest, beyond the horizon (10 windows, 200 steps): no
+    length_drift at all. A share that climbs from 12 % to 88 % (r14_length_creep_from_capped) is paged before it is
+    half cut, and critical before the damage (its forecast critical does not wait for the warning's hold)."""
+    for seed in range(14000, 14050):
+        found = [c for c in diagnose(zoo.make(zoo.h14_lengths_grow_to_70pct, seed)).conditions if c.id == "length_drift"]
+        assert not found, (seed, found)
+    w = Thresholds().window
+    for seed in range(14000, 14005):
+        log = zoo.make(zoo.r14_length_creep_from_capped, seed)
+        half = int(log.series["step"][np.argmax(moving_average(log.series["truncation_rate"], w) >= 0.5)])
+        _, damage = zoo.truth(zoo.r14_length_creep_from_capped, seed)
+        found = [c for c in diagnose(log).conditions if c.id == "length_drift"]
+        assert found and min(c.first_step for c in found) < half, (seed, half, found)
+        critical = [c.first_step for c in found if c.severity == "critical"]
+        assert critical and min(critical) < damage, (seed, damage, found)
 
 
 def test_kl_acceleration_projects_the_growth_only_as_far_as_it_has_risen():

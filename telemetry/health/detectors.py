@@ -854,13 +854,15 @@ def length_pathology(c: _Ctx) -> None:
 
 
 def length_drift(c: _Ctx) -> None:
-    """Completion length drifting up toward the cap, with the share of capped completions rising.
+    """Completion length drifting up toward the cap, with the share of capped completions heading to half.
 
     u = mean length / cap. A CUSUM of u's excess over its early level, in units of its early noise
     (at least 1 % of the cap), with an allowance of half the drift worth a warning
     (`length_drift` of the way from the early level to the cap). The capped share (the truncation
     rate, or without one the steps whose mean length is the cap: every completion cut) must sit
-    above its early level by more than two binomial standard errors of a window mean."""
+    above its early level by more than two binomial standard errors of a window mean, and its trend
+    reach `truncation` (half cut) within the horizon on every step of a window (or the share be there),
+    unless the forecast critical, which needs no hold, fires first."""
     cap = c.log.max_new_tokens
     if not (cap and c.has("response_len")):
         c.diag.not_assessable["length_drift"] = (
@@ -894,10 +896,20 @@ def length_drift(c: _Ctx) -> None:
     rising = _reward_rising(c)
     capping, eta = _forecast(c, capped, c.th.truncation_capped, 1.0)
     capping &= ~(rising & (t_ma >= c.th.truncation))
+    # Warning (ninth pass): as the critical forecasts length_capped's level, the warning forecasts
+    # length_pathology's, `truncation` (half the completions cut), held a window (as a `for:`), or the share is
+    # there. Lengths that grow with a bounded share cut are a run learning to reason longer (report set 14:
+    # 10-20 % cut, then holding); a share above its early level alone warned on 78 % of those runs, and a
+    # forecast of the nearer level, unheld, is reached by a chance steep trend on single steps. A forecast
+    # critical needs no hold: it promotes its own warning, and it is unchanged.
+    drifting = (s >= c.th.cusum_h) & share_up
+    halfway, _ = _forecast(c, capped, c.th.truncation, 1.0)
+    held = c.run_length("length_drift_halfway", drifting & (halfway | (t_ma >= c.th.truncation))) > c.w
+    alarm = drifting & (held | capping)
     # Held: the capped share, not the length, getting worse a window on (eighth pass). Lengths keep rising on
     # a run learning to reason longer (report set 13: to 63 % of the cap, 16 % cut, held rising for 20 steps);
     # what heads to the damage is the share of completions cut, which must be climbing beyond its noise.
-    _escalate(c, "length_drift", (s >= c.th.cusum_h) & share_up, capped, 1.0,
+    _escalate(c, "length_drift", alarm, capped, 1.0,
               lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
                            f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
               gap=c.w, excused=rising,

@@ -225,7 +225,7 @@ TABLE: list[Row] = [
     Row(
         "length_drift",
         "warning",
-        "completion length drifting up toward the cap, with the share of capped completions rising",
+        "completion length drifting up toward the cap, with the share of capped completions heading to half",
         "length bias or runaway generation starting: the early sign of length_pathology",
         "look at the longest recent completions; add an overlong penalty or a length-normalised loss",
         dont="raise max_new_tokens: the drift follows the cap",

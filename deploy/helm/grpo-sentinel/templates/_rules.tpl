@@ -621,7 +621,7 @@ groups:
       condition: length_drift
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
@@ -641,7 +641,7 @@ groups:
       stage: escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
@@ -662,7 +662,7 @@ groups:
       stage: forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
@@ -2405,7 +2405,7 @@ groups:
     title: GRPOLengthDrift
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
@@ -2462,7 +2462,7 @@ groups:
     title: GRPOLengthDrift escalated
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (held {{ include "grpo-sentinel.rules.duration" (mul $escalate_windows $window) }} while getting worse: critical)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
@@ -2520,7 +2520,7 @@ groups:
     title: GRPOLengthDrift forecast
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: length_drift (the trainer''s health monitor) (at its trend, failing within {{ include "grpo-sentinel.rules.duration" (mul $forecast_windows $window) }}: critical)'
-      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions rising). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports length_drift (signals: completion length drifting up toward the cap, with the share of capped completions heading to half). PromQL cannot express it: a CUSUM over every step (as entropy_drift), against the completion cap, which the exported series do not carry. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: 'length bias or runaway generation starting: the early sign of length_pathology'
       action: look at the longest recent completions; add an overlong penalty or a length-normalised loss
       runbook_url: '{{ $runbook }}#length_drift'
