@@ -903,16 +903,20 @@ def length_drift(c: _Ctx) -> None:
     # forecast of the nearer level, unheld, is reached by a chance steep trend on single steps. A forecast
     # critical needs no hold: it promotes its own warning, and it is unchanged.
     drifting = (s >= c.th.cusum_h) & share_up
-    halfway, _ = _forecast(c, capped, c.th.truncation, 1.0)
+    halfway, eta_half = _forecast(c, capped, c.th.truncation, 1.0)
     held = c.run_length("length_drift_halfway", drifting & (halfway | (t_ma >= c.th.truncation))) > c.w
     alarm = drifting & (held | capping)
+
+    def evidence(i, j):
+        share, soonest = np.nanmax(t_ma[i:j + 1]), float(np.min(eta_half[i:j + 1]))
+        heading = f"; at its trend half are cut within {soonest:.0f} steps" if 0 < soonest < math.inf else ""
+        return (f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early {100 * u0:.0f} "
+                f"%); capped share {100 * share:.0f} % (early {100 * t0:.0f} %){heading}")
+
     # Held: the capped share, not the length, getting worse a window on (eighth pass). Lengths keep rising on
     # a run learning to reason longer (report set 13: to 63 % of the cap, 16 % cut, held rising for 20 steps);
     # what heads to the damage is the share of completions cut, which must be climbing beyond its noise.
-    _escalate(c, "length_drift", alarm, capped, 1.0,
-              lambda i, j: f"mean length (moving mean) {100 * np.nanmax(u_ma[i:j + 1]):.0f} % of the cap {cap} (early "
-                           f"{100 * u0:.0f} %); capped share {100 * np.nanmax(t_ma[i:j + 1]):.0f} % (early {100 * t0:.0f} %)",
-              gap=c.w, excused=rising,
+    _escalate(c, "length_drift", alarm, capped, 1.0, evidence, gap=c.w, excused=rising,
               forecast=(capping, lambda i, j: f"at its trend over the last {2 * c.w} steps the capped share reaches "
                                               f"{100 * c.th.truncation_capped:.0f} % within {eta[i]:.0f} steps"))
 
