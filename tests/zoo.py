@@ -1146,14 +1146,19 @@ def h10_kl_step_then_flat(rng):
     return _kl_follows(_healthy(rng), 0.02 + 0.13 * _ease(100, 1.0, 115), rng)
 
 
+def _lengths_grow(rng, x: np.ndarray, length: tuple[float, float], cut: tuple[float, float]) -> dict[str, np.ndarray]:
+    """A healthy run whose completions grow along x ([N], 0 -> 1): the mean length length[0] + length[1] x tokens
+    (noise 0.5 a step) and the capped share cut[0] + cut[1] x (binomial over the P x G completions)."""
+    s = _healthy(rng)
+    s["response_len"] = length[0] + length[1] * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, cut[0] + cut[1] * x) / (P * G)
+    return s
+
+
 def h10_lengths_late_growth(rng):
     """Healthy: completions grow from 6 to ~30 tokens (of 64) over steps 100-200 (the run learns to reason
     longer) and stay; the capped share from 1 % to 5 %."""
-    s = _healthy(rng)
-    x = _ease(100, 1.0, 200)
-    s["response_len"] = 6 + 24 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.04 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(100, 1.0, 200), (6, 24), (0.01, 0.04))
 
 
 def r10_kl_exp_25(rng):
@@ -1326,20 +1331,12 @@ SLOW_REPORT12_SEEDS = range(12000, 12020)
 def h13_lengths_grow_more_capped(rng):
     """Healthy: completions grow from 5 to 40 tokens (of 64) over steps 50-200 (longer reasoning) and the capped
     share from 1 % to 15 %; both then hold."""
-    s = _healthy(rng)
-    x = _ease(50, 1.0, 200)
-    s["response_len"] = 5 + 35 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.14 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(50, 1.0, 200), (5, 35), (0.01, 0.14))
 
 
 def h13_lengths_early_growth(rng):
     """Healthy: completions grow from 4 to 45 tokens over the first 120 steps, the capped share from 2 % to 10 %."""
-    s = _healthy(rng)
-    x = 1 - np.exp(-np.arange(N) / 40)
-    s["response_len"] = 4 + 41 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.08 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, 1 - np.exp(-np.arange(N) / 40), (4, 41), (0.02, 0.08))
 
 
 def h13_lengths_noisy_stable(rng):
@@ -1408,39 +1405,23 @@ SLOW_REPORT13_SEEDS = range(13000, 13020)
 def h14_lengths_grow_to_70pct(rng):
     """Healthy: completions grow from 6 to 45 tokens (of 64) over steps 30-250 and the capped share from 2 % to
     20 %; both then hold."""
-    s = _healthy(rng)
-    x = _ease(30, 1.0, 250)
-    s["response_len"] = 6 + 39 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.18 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(30, 1.0, 250), (6, 39), (0.02, 0.18))
 
 
 def h14_lengths_linear_all_run(rng):
     """Healthy: completions creep linearly over the whole run from 10 to 40 tokens, the capped share 3 % -> 12 %."""
-    s = _healthy(rng)
-    x = _ease(0)
-    s["response_len"] = 10 + 30 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.03 + 0.09 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(0), (10, 30), (0.03, 0.09))
 
 
 def h14_lengths_two_spurts(rng):
     """Healthy: completions grow in two spurts (steps 60-90 and 180-210) from 8 to 22 to 38 tokens, the capped
     share 2 % -> 8 % -> 14 %."""
-    s = _healthy(rng)
-    x = _ease(60, 1.0, 90) + _ease(180, 1.0, 210)
-    s["response_len"] = 8 + 15 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.06 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(60, 1.0, 90) + _ease(180, 1.0, 210), (8, 15), (0.02, 0.06))
 
 
 def h14_lengths_sqrt_growth(rng):
     """Healthy: completions grow as the square root of the time from 5 to 42 tokens, the capped share 1 % -> 18 %."""
-    s = _healthy(rng)
-    x = _ease(0, 0.5)
-    s["response_len"] = 5 + 37 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.01 + 0.17 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(0, 0.5), (5, 37), (0.01, 0.17))
 
 
 def r14_length_creep_from_capped(rng):
@@ -1498,21 +1479,13 @@ def _overdispersed(rng, p: np.ndarray) -> np.ndarray:
 def h15_lengths_logistic_25pct(rng):
     """Healthy: completions grow logistically (centred on step 140, scale 25 steps) from 8 to 48 tokens (of 64), the
     capped share from 2 % to 25 %; both then hold."""
-    s = _healthy(rng)
-    x = 1 / (1 + np.exp(-(np.arange(N) - 140) / 25))
-    s["response_len"] = 8 + 40 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.23 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, 1 / (1 + np.exp(-(np.arange(N) - 140) / 25)), (8, 40), (0.02, 0.23))
 
 
 def h15_lengths_fast_spurt(rng):
     """Healthy: completions grow in one fast spurt over steps 100-125 from 10 to 32 tokens, the capped share 3 % ->
     12 %; both then hold."""
-    s = _healthy(rng)
-    x = _ease(100, 1.0, 125)
-    s["response_len"] = 10 + 22 * x + 0.5 * rng.standard_normal(N)
-    s["truncation_rate"] = rng.binomial(P * G, 0.03 + 0.09 * x) / (P * G)
-    return s
+    return _lengths_grow(rng, _ease(100, 1.0, 125), (10, 22), (0.03, 0.09))
 
 
 def h15_lengths_overdispersed_share(rng):
