@@ -1548,6 +1548,78 @@ REPORT15_HEALTHY = (h15_lengths_logistic_25pct, h15_lengths_fast_spurt, h15_leng
 REPORT15_SEEDS = range(15000, 15300)
 SLOW_REPORT15_SEEDS = range(15000, 15020)
 
+# Report set 16 (issue 22, tenth pass): declared after report set 15 was measured (a logistic cut share rising to 25 %
+# went critical on 61 of its 300 healthy runs) and before the length forecast is changed for it (seeds 16000-16299;
+# the pathologies' 16000-16019). Healthy growth whose cut share climbs steeply and stops (at 15-30 %): a fast
+# logistic, a short ramp, a late logistic, two steps cut by prompt; creeps to the cap whose share lags the lengths
+# further, a slow logistic, and a linear creep cut by prompt.
+
+
+def h16_lengths_logistic_fast_15pct(rng):
+    """Healthy: completions grow along a fast logistic (centred on step 110, 10 steps per e-fold) from 8 to 30 tokens
+    (of 64), the capped share from 3 % to 15 %; both then hold."""
+    return _lengths_grow(rng, _logistic(110, 10), (8, 22), (0.03, 0.12))
+
+
+def h16_lengths_ramp_to_20pct(rng):
+    """Healthy: completions grow linearly over steps 60-120 from 10 to 40 tokens, the capped share 2 % -> 20 %; both
+    then hold."""
+    return _lengths_grow(rng, _ease(60, 1.0, 120), (10, 30), (0.02, 0.18))
+
+
+def h16_lengths_logistic_late_30pct(rng):
+    """Healthy: completions grow along a late logistic (centred on step 210, 20 steps per e-fold) from 10 to 46 tokens,
+    the capped share from 4 % to 30 %."""
+    return _lengths_grow(rng, _logistic(210, 20), (10, 36), (0.04, 0.26))
+
+
+def h16_lengths_two_steps_by_prompt(rng):
+    """Healthy: completions grow in two logistic steps (at steps 90 and 200, 8 steps per e-fold) from 8 to 24 to 40
+    tokens, the capped share 2 % -> 12 % -> 22 %, cut by prompt (overdispersed)."""
+    s = _healthy(rng)
+    x = 0.5 * _logistic(90, 8) + 0.5 * _logistic(200, 8)
+    s["response_len"] = 8 + 32 * x + 0.6 * rng.standard_normal(N)
+    s["truncation_rate"] = _overdispersed(rng, 0.02 + 0.20 * x)
+    return s
+
+
+def r16_length_share_lags_more(rng):
+    """Lengths creep linearly from the onset to 95 % of the cap; the capped share lags them further than
+    r13_length_share_lags' (cubic, to 90 %); the accuracy falls from 75 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 75))
+    x = _ease(ONSET)
+    s["response_len"] = 6 + (0.95 * MAX_NEW - 6) * x + 0.4 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.88 * x**3) / (P * G)
+    return s
+
+
+def r16_length_slow_logistic_to_cap(rng):
+    """Lengths rise to 95 % of the cap along a slow logistic centred 70 steps after the onset (25 steps per e-fold),
+    the capped share along to 90 %; the accuracy falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 70))
+    rise = _logistic(ONSET + 70, 25)
+    x = np.clip((rise - rise[ONSET]) / (1 - rise[ONSET]), 0, 1)  # 0 at the onset
+    s["response_len"] = 8 + (0.95 * MAX_NEW - 8) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.03 + 0.87 * x) / (P * G)
+    return s
+
+
+def r16_length_creep_by_prompt(rng):
+    """Lengths creep linearly from the onset from 12 tokens to 95 % of the cap, the capped share 5 % -> 88 % cut by
+    prompt (overdispersed); the accuracy falls from 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 60))
+    x = _ease(ONSET)
+    s["response_len"] = 12 + (0.95 * MAX_NEW - 12) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = _overdispersed(rng, 0.05 + 0.83 * x)
+    return s
+
+
+REPORT16_SLOW = (r16_length_share_lags_more, r16_length_slow_logistic_to_cap, r16_length_creep_by_prompt)
+REPORT16_HEALTHY = (h16_lengths_logistic_fast_15pct, h16_lengths_ramp_to_20pct, h16_lengths_logistic_late_30pct,
+                    h16_lengths_two_steps_by_prompt)
+REPORT16_SEEDS = range(16000, 16300)
+SLOW_REPORT16_SEEDS = range(16000, 16020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
