@@ -71,16 +71,17 @@ DIFFERS = {
     "length_drift": "its escalated stage reads the trainer's warning held and the truncation rate rising; the trainer also "
                     "needs the rise beyond two standard errors and does not escalate while the reward rises (as "
                     "length_capped). Its forecast stage reads the trainer's warning and predict_linear of the truncation "
-                    "rate; the trainer also needs the trend beyond 3 standard errors, and no reward rising with half "
-                    "the completions cut",
+                    "rate; the trainer also needs the trend beyond 3 standard errors and the level reached at one "
+                    "standard error under its slope, and no reward rising with half the completions cut",
     "correctness_drop": "its escalated stage reads the trainer's warning held and the training accuracy falling; the "
                         "trainer also needs the fall beyond two standard errors. Its forecast stage reads the trainer's "
                         "warning and predict_linear of the training accuracy below 90 % of its recent peak; the trainer "
-                        "also needs the trend beyond 3 standard errors and an auxiliary reward holding (exported series "
-                        "carry no auxiliary reward)",
+                        "also needs the trend beyond 3 standard errors, the level reached at one standard error under its "
+                        "slope, and an auxiliary reward holding (exported series carry no auxiliary reward)",
     "entropy_drift": "its forecast stage reads the trainer's warning and predict_linear of the reward losing `reward_drop` "
-                     "within the horizon; the trainer also needs the trend beyond 3 standard errors and the reward's 2w "
-                     "mean below the one 2w earlier beyond its noise",
+                     "within the horizon; the trainer also needs the trend beyond 3 standard errors, the level reached at "
+                     "one standard error under its slope, and the reward's 2w mean below the one 2w earlier beyond its "
+                     "noise",
 }
 
 

@@ -14,8 +14,11 @@ from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
 
 ESCALATED = ("; critical (label `stage: escalated`) once held for a window while its signal keeps getting worse "
              "(a slow pathology does not correct itself)")
-FORECAST = ("; critical (label `stage: forecast`) at once when its signal, at its trend over the last two windows, "
-            "reaches the row's failure level within `forecast_windows` (10) windows (docs/lead-time.md, third pass)")
+FORECAST = ("; critical (label `stage: forecast`) at once when its signal, {how}, reaches the row's failure level "
+            "within `forecast_windows` (10) windows (docs/lead-time.md, third pass)")
+# How a forecast continues its signal: the least-squares line (detectors._forecast), or kl_acceleration's growth ratio.
+TREND = "at its trend over the last two windows less one standard error of it (tenth pass)"
+GROWTH = "growing at its ratio a window for as many windows as it has risen in a row (sixth pass)"
 
 
 def _panels_reading() -> dict[str, list[str]]:
@@ -42,7 +45,8 @@ def markdown() -> str:
             if r.id in rules.DIFFERS:
                 source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
         panels = ", ".join(f"*{t}*" for t in reading[r.id]) or "*Health conditions*"
-        stages = (ESCALATED if r.id in ESCALATING else "") + (FORECAST if r.id in FORECASTING else "")
+        how = GROWTH if r.id == "kl_acceleration" else TREND
+        stages = (ESCALATED if r.id in ESCALATING else "") + (FORECAST.format(how=how) if r.id in FORECASTING else "")
         out += [f"## {r.id}", "",
                 f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}{stages}. "
                 f"**Source**: {source}", "",
