@@ -166,7 +166,7 @@ def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world
     g = cfg.grpo
     scales = run_scales(ln_vocab=math.log(vocab), max_new_tokens=g.max_new_tokens, group_size=g.group_size,
                         prompts_per_step=g.prompts_per_step, rewards=[(r.name, r.weight) for r in cfg.rewards],
-                        window=cfg.health.window)
+                        window=cfg.health.window, thresholds=cfg.health.thresholds)
     # The model's name, not its path: the run info reaches open /metrics and traces.
     return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type, scales=scales,
                    attempt=attempt, world_size=world_size, traces_project=cfg.traces.project_id,

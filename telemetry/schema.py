@@ -26,6 +26,7 @@ class Scales:
     prompts_per_step: Annotated[float, Field(gt=0)] | None = None
     window: Annotated[int, Field(ge=2)] | None = None  # the detectors' window in record rows (health.thresholds.detector_window)
     reward_weights: dict[str, float] = field(default_factory=dict)  # reward function -> weight, in the record's order
+    thresholds: dict[str, float] = field(default_factory=dict)  # detector thresholds the run changed (health.thresholds)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -38,7 +38,7 @@ from grpo_sentinel.telemetry import runfiles
 from grpo_sentinel.telemetry.drops import DROPS
 from grpo_sentinel.telemetry.health import ingest
 from grpo_sentinel.telemetry.health.monitor import HealthMonitor, Verdict
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
+from grpo_sentinel.telemetry.health.thresholds import configured, detector_window
 from grpo_sentinel.telemetry.record import RunRecord
 from grpo_sentinel.telemetry.schema import Eval, RunInfo, Scales, StepStats
 from grpo_sentinel.telemetry.settings import HealthSettings
@@ -68,14 +68,14 @@ def max_reward(weights: Iterable[float]) -> float:
 
 def run_scales(*, ln_vocab: float, max_new_tokens: int, group_size: int, prompts_per_step: float,
                rewards: Sequence[tuple[str, float]], window: int | None = None, steps_per_row: int = 1,
-               largest_reward: float | None = None) -> Scales:
+               largest_reward: float | None = None, thresholds: Mapping[str, float] | None = None) -> Scales:
     """A run's Scales from its settings. rewards: (function, weight) in the record's order; window: the
     configured one, if any; steps_per_row: optimizer steps a record row covers (TRL's logging_steps);
-    largest_reward: the user's own figure, if given."""
+    largest_reward: the user's own figure, if given; thresholds: the ones its config changed."""
     return Scales(max_reward=largest_reward or max_reward(w for _, w in rewards), ln_vocab=ln_vocab,
                   max_new_tokens=max_new_tokens, group_size=group_size, prompts_per_step=prompts_per_step,
                   window=detector_window(window, group_size * prompts_per_step * steps_per_row),
-                  reward_weights=dict(rewards))
+                  reward_weights=dict(rewards), thresholds=dict(thresholds or {}))
 
 
 @dataclass
@@ -148,7 +148,8 @@ class RunSession:
         h = self.health
         if h.enabled:
             self.monitor = HealthMonitor(frozenset(h.stop_on), frozenset(h.halt_on),
-                                         Thresholds(window=info.scales.window), group_size=info.scales.group_size)
+                                         configured(info.scales.window, info.scales.thresholds),
+                                         group_size=info.scales.group_size)
             self.monitor.start(info)
             if resume_step:
                 self.monitor.seed(ingest.load(self.dir / "steps.csv"))

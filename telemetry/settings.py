@@ -74,6 +74,29 @@ class HealthSettings(Section):
                                description="Conditions that end the run early as a success (checkpoint kept).")
     halt_on: list[str] = Field(default_factory=lambda: ["adv_mean_drift"],
                                description="Conditions that halt the run as broken (exit 3).")
+    thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Detector thresholds changed from their defaults (telemetry/health/thresholds.py), e.g. "
+                    "{forecast_windows: 5}; kept in run.json, so `diagnose` judges the run the same. Give the alert "
+                    "rules the same (`grpo-sentinel rules --set NAME=VALUE`).",
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known_thresholds(cls, v: dict[str, float]) -> dict[str, float]:
+        from dataclasses import fields
+
+        from grpo_sentinel.telemetry.health.thresholds import Thresholds, coerce
+
+        known = [f.name for f in fields(Thresholds) if f.name != "window"]
+        for name, value in v.items():
+            if name == "window":
+                raise ValueError("the detector window is health.window, not a threshold")
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                raise ValueError(f"unknown threshold {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            coerce(name, value)
+        return v
 
     @field_validator("stop_on", "halt_on")
     @classmethod

@@ -136,3 +136,16 @@ def test_gpu_example_is_valid_except_for_paths_that_live_on_the_node():
 def test_health_actions_name_table_conditions():
     with pytest.raises(ConfigError, match="health.stop_on: unknown condition 'reward_saturate' .did you mean 'reward_saturated'"):
         load_config(None, ["health.stop_on=[reward_saturate]"])
+
+
+def test_health_thresholds_are_named_and_inside_their_domain():
+    """health.thresholds changes the detectors' thresholds by name, each checked against its domain when the config
+    loads (before any model): a misspelt name gets the nearest one, a count must be whole, a fraction <= 1."""
+    assert load_config(None, ["health.thresholds={forecast_windows: 5}"]).health.thresholds == {"forecast_windows": 5}
+    for override, message in (
+            ("{forecast_window: 5}", "health.thresholds: unknown threshold 'forecast_window' .did you mean 'forecast_windows'"),
+            ("{forecast_windows: 2.5}", "health.thresholds: forecast_windows=2.5 is not a whole number"),
+            ("{truncation: 2}", "health.thresholds: truncation=2.0: truncation is a fraction of its scale"),
+            ("{window: 5}", "health.thresholds: the detector window is health.window")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [f"health.thresholds={override}"])

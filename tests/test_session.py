@@ -4,12 +4,14 @@ record, monitor and files; a sink that fails is counted, and the run goes on).""
 import csv
 import json
 import math
+import subprocess
 
 from grpo_sentinel.telemetry import runfiles
 from grpo_sentinel.telemetry.health.thresholds import detector_window
 from grpo_sentinel.telemetry.schema import Eval, RunInfo, StepStats
 from grpo_sentinel.telemetry.session import RunSession, max_reward, run_scales
 from grpo_sentinel.telemetry.settings import HealthSettings
+from helpers import cli
 
 
 def test_the_largest_reward_and_the_window():
@@ -67,3 +69,31 @@ def test_one_session_through_a_run(tmp_path):
     assert [(r["step"], r["sample_acc"]) for r in curve] == [("0", "0.25"), ("4", "0.5")]
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e.get("trainer")) for e in events] == [("started", "x"), ("ended", None)]
+
+
+def test_changed_thresholds_judge_the_run_online_and_offline(tmp_path):
+    """health.thresholds reach the online monitor and run.json, and `grpo-sentinel diagnose` reads them back from
+    it: |adv_mean| 0.3 is the implementation-bug sentinel at the default tolerance (1e-3), not at a tolerance of 0.5.
+    `diagnose` refuses a run.json whose threshold is outside its domain, naming the file and the threshold."""
+    for changed, flagged in (({}, True), ({"adv_mean_tol": 0.5}, False)):
+        run = tmp_path / ("changed" if changed else "default")
+        run.mkdir()
+        health = HealthSettings(stop_on=[], halt_on=[], thresholds=changed)
+        scales = run_scales(ln_vocab=math.log(15), max_new_tokens=6, group_size=4, prompts_per_step=2,
+                            rewards=[("correct", 1.0)], window=3, thresholds=health.thresholds)
+        session = RunSession(run, steps=8, health=health)
+        session.begin(0)
+        session.start(RunInfo("r", "demo", "grpo", scales))
+        for step in range(1, 9):
+            session.step(StepStats.partial(step, reward=0.5, adv_mean=0.3))
+        session.close("completed", 8)
+        online = json.loads((run / "summary.json").read_text())["health_conditions"]
+        assert ("adv_mean_drift" in online) is flagged, online
+        assert runfiles.read_run_info(run / "run.json").scales.thresholds == changed
+        offline = json.loads(subprocess.run(cli("diagnose", str(run), "--json"), capture_output=True, text=True).stdout)
+        assert ("adv_mean_drift" in {c["id"] for c in offline["conditions"]}) is flagged, offline["conditions"]
+    info = json.loads((run / "run.json").read_text())
+    info["scales"]["thresholds"] = {"truncation": 2.0}
+    (run / "run.json").write_text(json.dumps(info))
+    refused = subprocess.run(cli("diagnose", str(run)), capture_output=True, text=True)
+    assert refused.returncode != 0 and "run.json: scales.thresholds: truncation=2.0: truncation is a fraction" in refused.stderr

@@ -229,7 +229,7 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
         from grpo_sentinel.telemetry.health.detectors import diagnose
         from grpo_sentinel.telemetry.health.ingest import load
         from grpo_sentinel.telemetry.health.report import to_markdown, with_generations
-        from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
+        from grpo_sentinel.telemetry.health.thresholds import configured, detector_window
 
         path = run_of(run_id).path
         if not (path / "steps.csv").is_file():
@@ -238,7 +238,7 @@ def create_app(supervisor: Supervisor, token: str | None, admission: Admission |
             runlog = load(path)
         except (ValueError, OSError) as e:
             raise HTTPException(409, f"run {run_id!r}: its record cannot be read ({e})") from None
-        th = Thresholds(window=detector_window(runlog.window, runlog.completions_per_step))
+        th = configured(detector_window(runlog.window, runlog.completions_per_step), runlog.thresholds)
         return Response(to_markdown(with_generations(diagnose(runlog, th), runlog), runlog, th), media_type="text/markdown")
 
     app.state.stopping = threading.Event()  # set when the daemon begins to shut down: the streams end first

@@ -63,7 +63,7 @@ def diagnose_command(args) -> int:
     from grpo_sentinel.telemetry.health.detectors import diagnose
     from grpo_sentinel.telemetry.health.ingest import IngestError, load
     from grpo_sentinel.telemetry.health.report import plot, to_json, to_markdown, to_text, with_generations
-    from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
+    from grpo_sentinel.telemetry.health.thresholds import configured, detector_window
 
     try:
         log = load(args.path, args.format)
@@ -76,7 +76,7 @@ def diagnose_command(args) -> int:
     log.max_new_tokens = args.max_new_tokens or log.max_new_tokens
     log.ln_vocab = math.log(args.vocab_size) if args.vocab_size else log.ln_vocab
     log.eval_n = args.eval_n or log.eval_n
-    th = Thresholds(window=detector_window(args.window or log.window, log.completions_per_step))
+    th = configured(detector_window(args.window or log.window, log.completions_per_step), log.thresholds)
     result = with_generations(diagnose(log, th), log)
     if args.plot:
         try:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from grpo_sentinel.telemetry.health.runlog import CORRECTNESS, RunLog, component_kind
+from grpo_sentinel.telemetry.health.thresholds import coerce
 from grpo_sentinel.telemetry.runfiles import RUN_INFO, read_run_info
 
 
@@ -365,7 +366,7 @@ def _sentinel(path: Path) -> RunLog:
 
 
 def _read_run_info(log: RunLog, path: Path) -> None:
-    """G, prompts per step, max_new_tokens, the window, the largest reward, ln V and the traces' project
+    """G, prompts per step, max_new_tokens, the window and changed thresholds, the largest reward, ln V and the traces' project
     from the run's run.json (telemetry writes it at each start: session.py). A run directory from
     before run.json (only config.yaml, the service's own file) gives none of these: --window and the
     other flags say them."""
@@ -374,7 +375,14 @@ def _read_run_info(log: RunLog, path: Path) -> None:
     except ValueError as e:
         raise IngestError(f"{e}; fix it, or diagnose a copy of steps.csv outside the run directory") from None
     sc = info.scales
+    for name, value in sc.thresholds.items():  # each inside its domain, as health.thresholds checked it
+        try:
+            coerce(name, value)
+        except ValueError as e:
+            raise IngestError(f"{path}: scales.thresholds: {e}; fix it, or diagnose a copy of steps.csv outside the "
+                              "run directory") from None
     log.group_size, log.max_new_tokens, log.window = sc.group_size, sc.max_new_tokens, sc.window
+    log.thresholds = dict(sc.thresholds)
     log.max_reward, log.ln_vocab, log.trace_project = sc.max_reward, sc.ln_vocab, info.traces_project
     if sc.group_size and sc.prompts_per_step:
         log.completions_per_step = round(sc.group_size * sc.prompts_per_step)

@@ -29,7 +29,7 @@ from grpo_sentinel.telemetry.health.detectors import (
     MIN_STEPS,
 )
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
-from grpo_sentinel.telemetry.health.thresholds import KL_RISING_WINDOWS, Thresholds, threshold_error
+from grpo_sentinel.telemetry.health.thresholds import KL_RISING_WINDOWS, Thresholds, coerce
 from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration, series
 
 TRAINER_SIDE = {
@@ -161,7 +161,10 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
         if name in MONITORING:
             p_kw[name] = monitoring.parse(name, value)
             continue
-        kind = type(getattr(p if name in own else p.thresholds, name))
+        if name not in own:
+            th_kw[name] = coerce(name, value)
+            continue
+        kind = type(getattr(p, name))
         want = {str: "text", int: "whole number"}.get(kind, "number")
         try:
             if kind is str:
@@ -170,14 +173,13 @@ def with_settings(p: RuleParams, settings: list[str]) -> RuleParams:
                 x = float(value)
                 if not math.isfinite(x) or (kind is int and not x.is_integer()):
                     raise ValueError
-                (p_kw if name in own else th_kw)[name] = kind(x)
+                p_kw[name] = kind(x)
         except ValueError:
             raise ValueError(f"{name}={value!r} is not a {want}") from None
         error = ("max_reward must be > 0 (the reward's maximum; rewards are judged as a fraction of it)"
                  if name == "max_reward" and p_kw[name] <= 0 else
                  "straggler must be > 1 (a multiple of the fastest rank's busy time)"
-                 if name == "straggler" and p_kw[name] <= 1 else
-                 threshold_error(name, th_kw[name]) if name in th_kw else None)
+                 if name == "straggler" and p_kw[name] <= 1 else None)
         if error:
             raise ValueError(f"{name}={value!r}: {error}")
     return replace(p, **p_kw, thresholds=replace(p.thresholds, **th_kw))

@@ -18,6 +18,7 @@ class RunLog:
     group_size: int | None = None
     completions_per_step: int | None = None
     window: int | None = None  # detector window the run's config set (health.window), if any
+    thresholds: dict[str, float] = field(default_factory=dict)  # detector thresholds it changed (health.thresholds)
     max_new_tokens: int | None = None
     max_reward: float = 1.0
     ln_vocab: float | None = None

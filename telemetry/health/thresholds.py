@@ -6,6 +6,7 @@ the window rules (`auto_window`: ~400 completions a window; `detector_window`: t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 
@@ -98,6 +99,30 @@ def threshold_error(name: str, value: float) -> str | None:
 
 def validate(th: Thresholds) -> list[str]:
     return [e for f in fields(th) if (e := threshold_error(f.name, float(getattr(th, f.name))))]
+
+
+def coerce(name: str, value) -> int | float:
+    """`value` (a number or its text) as threshold `name` holds it: a whole number for a count, else a
+    float, inside its domain. ValueError saying what to write (`grpo-sentinel rules --set`, health.thresholds)."""
+    if name not in {f.name for f in fields(Thresholds)}:
+        raise ValueError(f"unknown threshold {name!r}")
+    kind = type(getattr(Thresholds(), name))
+    try:
+        x = float(value)
+        if not math.isfinite(x) or (kind is int and not x.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} is not a {'whole number' if kind is int else 'number'}") from None
+    error = threshold_error(name, x)
+    if error:
+        raise ValueError(f"{name}={value!r}: {error}")
+    return kind(x)
+
+
+def configured(window: int, changed: Mapping[str, float] | None = None) -> Thresholds:
+    """The thresholds a run's detectors use: the defaults, its window, and what its config changed
+    (health.thresholds, kept in run.json), each checked as `coerce` checks it."""
+    return Thresholds(window=window, **{name: coerce(name, v) for name, v in (changed or {}).items()})
 
 
 WINDOW_COMPLETIONS = 400  # a window mean of 0/1 rewards over 400 samples has SE <= 0.025

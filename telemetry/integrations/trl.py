@@ -513,7 +513,8 @@ class _Run:
         scales = run_scales(ln_vocab=self.ln_vocab, max_new_tokens=a.max_completion_length,
                             group_size=a.num_generations, prompts_per_step=self.completions_per_step / a.num_generations,
                             rewards=list(zip(names, weights)), window=cb.health.window,
-                            steps_per_row=self.logging_steps, largest_reward=cb.max_reward)
+                            steps_per_row=self.logging_steps, largest_reward=cb.max_reward,
+                            thresholds=cb.health.thresholds)
         self.session.start(RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type, scales=scales,
                                    world_size=a.world_size, traces_project=cb.traces.project_id,
                                    sampling={"temperature": a.temperature, "top_p": a.top_p,
