@@ -366,10 +366,10 @@ def _sentinel(path: Path) -> RunLog:
 
 
 def _read_run_info(log: RunLog, path: Path) -> None:
-    """G, prompts per step, max_new_tokens, the window and changed thresholds, the largest reward, ln V and the traces' project
-    from the run's run.json (telemetry writes it at each start: session.py). A run directory from
-    before run.json (only config.yaml, the service's own file) gives none of these: --window and the
-    other flags say them."""
+    """G, prompts per step, max_new_tokens, the window and the thresholds the run changed, the largest
+    reward, ln V and the traces' project from the run's run.json (telemetry writes it at each start:
+    session.py). A run directory from before run.json (only config.yaml, the service's own file) gives
+    none of these: --window and the other flags say them."""
     try:
         info = read_run_info(path)
     except ValueError as e:
