@@ -196,8 +196,8 @@ def test_length_forecast_survives_the_slopes_own_noise():
     of 90 %. Its 2w line's slope has an SE of ~0.0006 a step (binomial noise over 64 completions, 0.043 a step, over
     sqrt(40 (40^2 - 1) / 12) = 73), and 90 % within 200 steps needs ~0.0038, 2.5 SE over the true slope: at its point
     slope a chance steep window forecast it, and 12 of these 50 runs went critical before the tenth pass. Continued
-    at the slope less one SE, at most 1 (0 measured). A creep to the cap (r14_length_creep_from_capped) stays critical, by its
-    forecast, before the damage."""
+    at the slope less one SE, at most 1 (0 measured). A creep to the cap (r14_length_creep_from_capped) stays
+    critical, by its forecast, before the damage."""
     critical = [seed for seed in range(15000, 15050)
                 if any(c.id == "length_drift" and c.severity == "critical"
                        for c in diagnose(zoo.make(zoo.h15_lengths_logistic_25pct, seed)).conditions)]

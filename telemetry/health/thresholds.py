@@ -5,6 +5,7 @@ the window rules (`auto_window`: ~400 completions a window; `detector_window`: t
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -101,12 +102,17 @@ def validate(th: Thresholds) -> list[str]:
     return [e for f in fields(th) if (e := threshold_error(f.name, float(getattr(th, f.name))))]
 
 
+_DEFAULTS = Thresholds()
+_NAMES = [f.name for f in fields(Thresholds)]
+
+
 def coerce(name: str, value) -> int | float:
     """`value` (a number or its text) as threshold `name` holds it: a whole number for a count, else a
     float, inside its domain. ValueError saying what to write (`grpo-sentinel rules --set`, health.thresholds)."""
-    if name not in {f.name for f in fields(Thresholds)}:
-        raise ValueError(f"unknown threshold {name!r}")
-    kind = type(getattr(Thresholds(), name))
+    if name not in _NAMES:
+        close = difflib.get_close_matches(name, _NAMES, n=1)
+        raise ValueError(f"unknown threshold {name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    kind = type(getattr(_DEFAULTS, name))
     try:
         x = float(value)
         if not math.isfinite(x) or (kind is int and not x.is_integer()):
