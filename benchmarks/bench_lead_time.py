@@ -47,6 +47,7 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
     python benchmarks/bench_lead_time.py                      # everything (induced runs: ~6 min on 2 cores)
     python benchmarks/bench_lead_time.py --only fixtures zoo  # ~1 min: the fit set and the report set
     python benchmarks/bench_lead_time.py --only induced --steps 150 --jobs 2
+    python benchmarks/bench_lead_time.py --only zoo --set forecast_windows=5  # the trade a team makes with its config
 """
 
 from __future__ import annotations
@@ -69,9 +70,20 @@ from grpo_sentinel.telemetry.health.detectors import diagnose  # noqa: E402
 from grpo_sentinel.telemetry.health.ingest import load  # noqa: E402
 from grpo_sentinel.telemetry.health.lead import damage_step, lead_time  # noqa: E402
 from grpo_sentinel.telemetry.health.table import BY_ID  # noqa: E402
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, auto_window, detector_window  # noqa: E402
+from grpo_sentinel.telemetry.health.thresholds import (  # noqa: E402
+    Thresholds,
+    auto_window,
+    configured,
+    detector_window,
+    parse_settings,
+)
 
 BOOK = REPO / "tests" / "fixtures" / "book-runs"
+CHANGED: dict[str, int | float] = {}  # --set: thresholds other than the defaults, for every diagnosis below
+
+
+def th(window: int = Thresholds.window) -> Thresholds:
+    return configured(window, CHANGED)
 
 
 def fmt(x) -> str:
@@ -87,8 +99,8 @@ def fixtures() -> list[dict]:
     for name in ("ch06_rlvr_grpo_original_no_kl_metrics.csv", "7_4_plus_clip_ratio_metrics.csv"):
         log = load(BOOK / name)
         log.eval_n = 500  # MATH-500
-        lead = lead_time(diagnose(log), log)
-        critical = [c for c in diagnose(log).conditions if c.severity == "critical"]
+        lead = lead_time(diagnose(log, th()), log)
+        critical = [c for c in diagnose(log, th()).conditions if c.severity == "critical"]
         label = {"ch06": "ch06 (no KL)", "7_4_": "7_4 (clipped)"}[name[:4]]
         out.append({"source": label, **lead.as_dict(), "steps": len(log),
                     "criticals": sorted({c.id for c in critical})})
@@ -144,7 +156,7 @@ def zoo_table(seeds, gens=None) -> list[dict]:
         for seed in seeds:
             onset, dmg = zoo.truth(gen, seed)
             log = zoo.make(gen, seed)
-            lead = lead_time(diagnose(log), log)
+            lead = lead_time(diagnose(log, th()), log)
             fw.append(lead.first_warning if lead.first_warning is not None else np.nan)
             fc.append(lead.first_critical if lead.first_critical is not None else np.nan)
             if dmg is not None:
@@ -180,7 +192,7 @@ def false_pages(families, seeds) -> list[dict]:
         for seed in seeds:
             log = zoo.make(gen, seed)
             steps += len(log)
-            found = [c for c in diagnose(log).conditions if c.severity != "info"]
+            found = [c for c in diagnose(log, th()).conditions if c.severity != "info"]
             warnings += sum(c.severity == "warning" for c in found)
             criticals += sum(c.severity == "critical" for c in found)
             paged += bool(found)
@@ -304,13 +316,13 @@ def score(run_dir: Path, name: str, seed: int) -> dict:
     seen = summary["health_conditions"]  # the online monitor's verdicts: condition -> first step
     log = load(run_dir)
     window = detector_window(log.window, log.completions_per_step)
-    diag = diagnose(log, Thresholds(window=window))
+    diag = diagnose(log, th(window))
     offline = {c.id for c in diag.conditions}
     first = {
         sev: min(((s, c) for c, s in seen.items() if BY_ID[c].severity == sev), default=(None, ""))
         for sev in ("warning", "critical")
     }
-    dmg, words, _, _ = damage_step(log, Thresholds(window=window))
+    dmg, words, _, _ = damage_step(log, th(window))
     real = real_damage(log)
 
     def lead(d, a):
@@ -336,7 +348,7 @@ def rescore(runs: Path) -> list[dict]:
         meta = json.loads((run_dir / "bench.json").read_text()) if (run_dir / "bench.json").is_file() else \
             {"run": names[int(run_dir.name[3:].split("-")[0])], "seed": int(run_dir.name.split("seed")[1])}
         row = score(run_dir, meta["run"], meta["seed"])
-        d = diagnose(load(run_dir), Thresholds(window=auto_window(64)))
+        d = diagnose(load(run_dir), th(auto_window(64)))
         firsts = {}
         for c in d.conditions:  # the verdicts of today's detectors (the monitor's, step for step)
             firsts.setdefault(c.id, c.first_step)
@@ -395,8 +407,15 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep the induced runs' directories here (default: a temporary folder)")
     ap.add_argument("--rescore", type=Path, metavar="DIR", help="no training: score the induced runs kept in DIR (--keep) "
                                                                 "with today's detectors")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a threshold other than its default (telemetry/health/thresholds.py) for every diagnosis here, as a "
+                         "run's health.thresholds sets it; the induced runs' own monitors keep the defaults")
     args = ap.parse_args()
-    report: dict = {}
+    try:
+        CHANGED.update(parse_settings(args.set))
+    except ValueError as e:
+        ap.error(str(e))
+    report: dict = {"thresholds_changed": dict(CHANGED)}
     if "fixtures" in args.only:
         report["fixtures"] = rows = fixtures()
         print(f"{'real log':16} {'1st warning':>20} {'1st critical':>20} {'damage':>6} {'lead':>5} {'warn lead':>9}")
@@ -460,7 +479,7 @@ def main() -> None:
             print_false_pages(rows, label)
         from benchmarks import bench_wild
 
-        report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs))
+        report["corpus"] = corpus = bench_wild.tally(bench_wild.evaluate(logs=args.logs, changed=CHANGED))
         print(f"  report set: the real corpus (benchmarks/bench_wild.py, logs from {args.logs}): {bench_wild.summary(corpus)}")
         print()
     if "induced" in args.only:

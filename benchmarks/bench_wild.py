@@ -20,7 +20,7 @@ whether they agree; then the totals: agreement, misses, critical pages on health
 logs that could not be judged (no reward read, or fewer rows than two detector windows).
 diagnose is pure Python over a few hundred rows a log: the whole corpus takes about a second.
 
-    python benchmarks/bench_wild.py [--corpus benchmarks/wild] [--logs ../shared/wild] [--verbose]
+    python benchmarks/bench_wild.py [--corpus benchmarks/wild] [--logs ../shared/wild] [--verbose] [--set NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import yaml
 
 from grpo_sentinel.telemetry.health.detectors import diagnose, unjudgeable
 from grpo_sentinel.telemetry.health.ingest import IngestError, load
-from grpo_sentinel.telemetry.health.thresholds import Thresholds, detector_window
+from grpo_sentinel.telemetry.health.thresholds import configured, detector_window, parse_settings
 
 CORPUS = Path(__file__).parent / "wild"
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def find_log(folder: Path, name: str, logs: Path) -> Path | None:
     return next((p for p in (folder / name, logs / folder.name / name, FIXTURES / name) if p.is_file()), None)
 
 
-def run_one(folder: Path, logs: Path = LOGS) -> Result:
+def run_one(folder: Path, logs: Path = LOGS, changed: dict | None = None) -> Result:
     source = yaml.safe_load((folder / "SOURCE").read_text())
     expect = source["expect"]
     if expect not in LABELS:
@@ -103,7 +103,7 @@ def run_one(folder: Path, logs: Path = LOGS) -> Result:
     except IngestError as e:
         r.refused = str(e)
         return r
-    th = Thresholds(window=detector_window(log.window, log.completions_per_step))
+    th = configured(detector_window(log.window, log.completions_per_step), changed)
     diag = diagnose(log, th)
     r.read, r.ignored, r.notes = len(log.read), len(log.ignored), log.notes
     r.derived = sum(n.startswith("derived:") for n in log.notes)
@@ -162,9 +162,10 @@ def summary(t: dict) -> str:
             f"{t['healthy']}; failures missed {t['missed_failures']}/{t['failures']}")
 
 
-def evaluate(corpus: Path = CORPUS, logs: Path = LOGS) -> list[Result]:
+def evaluate(corpus: Path = CORPUS, logs: Path = LOGS, changed: dict | None = None) -> list[Result]:
+    """Every log of the corpus, diagnosed with the default thresholds and `changed` (--set)."""
     folders = sorted(p for p in corpus.iterdir() if (p / "SOURCE").is_file())
-    return [run_one(p, logs) for p in folders]
+    return [run_one(p, logs, changed) for p in folders]
 
 
 def main() -> None:
@@ -172,9 +173,15 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="the folders of SOURCE files")
     ap.add_argument("--logs", type=Path, default=LOGS, help="where the fetched logs lie, one folder each")
     ap.add_argument("--verbose", action="store_true", help="print every ingest note")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a threshold other than its default (telemetry/health/thresholds.py), as health.thresholds sets it")
     args = ap.parse_args()
+    try:
+        changed = parse_settings(args.set)
+    except ValueError as e:
+        ap.error(str(e))
     t0 = time.perf_counter()
-    results = evaluate(args.corpus, args.logs)
+    results = evaluate(args.corpus, args.logs, changed)
     elapsed = time.perf_counter() - t0
     report(results, args.verbose)
     print(f"{elapsed:.2f} s for {len(results)} logs ({platform.python_implementation()} {platform.python_version()}, "

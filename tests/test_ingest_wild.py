@@ -425,3 +425,26 @@ def test_the_real_corpus_agrees_with_its_authors():
     assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
     # 17 of 27 logs agree with their authors when all are fetched (the rest: no statement, mixed, or too short)
     assert sum(bool(r.agrees) for r in results) >= (17 if len(present) == len(results) else 1)
+
+
+def test_the_benchmarks_diagnose_with_thresholds_a_run_may_set():
+    """`bench_wild.py --set` / `bench_lead_time.py --set`: the same named, checked thresholds a run's
+    health.thresholds sets, so the trade a team makes with its config is measured as the defaults are."""
+    import sys
+    from pathlib import Path
+
+    from grpo_sentinel.telemetry.health.thresholds import parse_settings
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    from bench_wild import CORPUS, run_one
+
+    assert parse_settings(["forecast_windows=5", "kl_bound=0.5"]) == {"forecast_windows": 5, "kl_bound": 0.5}
+    for text, message in (("forecast_windows", "write NAME=VALUE"), ("forecast_window=5", "did you mean 'forecast_windows'"),
+                          ("forecast_windows=2.5", "not a whole number")):
+        with pytest.raises(ValueError, match=message):
+            parse_settings([text])
+    # The ch06 fixture's loss grows 10x and more over its early median: loss_blowup's critical. Asking for 10^6 x
+    # (a multiple: any number > 1) takes that critical, and only it, away.
+    default, changed = (run_one(CORPUS / "book-ch06-no-kl-1024", changed=c) for c in (None, {"loss_blowup_factor": 1e6}))
+    assert "loss_blowup" in default.critical and "loss_blowup" not in changed.critical
+    assert set(default.critical) - {"loss_blowup"} == set(changed.critical) and default.warning == changed.warning

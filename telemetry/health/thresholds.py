@@ -125,6 +125,17 @@ def coerce(name: str, value) -> int | float:
     return kind(x)
 
 
+def parse_settings(settings: list[str]) -> dict[str, int | float]:
+    """NAME=VALUE texts (a benchmark's `--set`) as {name: value}, each checked as `coerce` checks it."""
+    changed = {}
+    for text in settings:
+        name, eq, value = text.partition("=")
+        if not eq:
+            raise ValueError(f"{text!r}: write NAME=VALUE, e.g. forecast_windows=5")
+        changed[name] = coerce(name, value)
+    return changed
+
+
 def configured(window: int, changed: Mapping[str, float] | None = None) -> Thresholds:
     """The thresholds a run's detectors use: the defaults, its window, and what its config changed
     (health.thresholds, kept in run.json), each checked as `coerce` checks it."""
