@@ -35,7 +35,9 @@ below its running peak (health/lead.py damage_step). Lead = damage step - first 
   measurement, before length_drift's held stage was changed) and report set 15 (zoo.REPORT15_SLOW, seeds
   15000-15019; zoo.REPORT15_HEALTHY, seeds 15000-15299: lengths; declared after set 14's measurement, before
   length_drift's warning was changed) and report set 16 (zoo.REPORT16_SLOW, seeds 16000-16019; zoo.REPORT16_HEALTHY,
-  seeds 16000-16299: lengths; declared after set 15's measurement, before the length forecast was changed). Each slow
+  seeds 16000-16299: lengths; declared after set 15's measurement, before the length forecast was changed) and report
+  set 17 (zoo.REPORT17_SLOW, seeds 17000-17019; zoo.REPORT17_HEALTHY, seeds 17000-17299: lengths and KL; declared after
+  the horizon's frontier was measured on sets 1-16, before the default horizon changed). Each slow
   row
   also prints
   `oracle`: the lead a test knowing the onset and the mean path could reach at the detectors' false-alarm
@@ -216,7 +218,7 @@ def print_zoo(rows: list[dict], label: str) -> None:
     slow_names = set(SLOW) | {g.__name__ for g in zoo.REPORT3_SLOW + zoo.REPORT4_SLOW + zoo.REPORT5_SLOW + zoo.REPORT6_SLOW
                                    + zoo.REPORT8_SLOW + zoo.REPORT9_SLOW + zoo.REPORT10_SLOW + zoo.REPORT11_SLOW
                                    + zoo.REPORT12_SLOW + zoo.REPORT13_SLOW + zoo.REPORT14_SLOW
-                                   + zoo.REPORT15_SLOW + zoo.REPORT16_SLOW}
+                                   + zoo.REPORT15_SLOW + zoo.REPORT16_SLOW + zoo.REPORT17_SLOW}
     slow = [r for r in rows if r["pathology"] in slow_names]
     print(f"  slow pathologies ({label}): critical before the damage on "
           f"{sum(r['critical_before_damage'] for r in slow)} of {sum(r['seeds'] for r in slow)} runs; mean lead by pathology "
@@ -439,7 +441,7 @@ def main() -> None:
         print_zoo(held, "seen report set, seeds 1000-%d" % (999 + args.seeds))
         report["zoo_report2"] = held2 = zoo_table(zoo.SLOW_REPORT2_SEEDS[:args.seeds])
         print_zoo(held2, "report set 2, seeds 2000-%d" % (1999 + min(args.seeds, len(zoo.SLOW_REPORT2_SEEDS))))
-        # Report sets 3-6 and 8-16: new shapes of the slow pathologies (and new healthy families, below), each committed
+        # Report sets 3-6 and 8-17: new shapes of the slow pathologies (and new healthy families, below), each committed
         # before any detector ran on it and measured once; docs/lead-time.md says which pass fitted on which.
         for k, gens, seeds, label in ((3, zoo.REPORT3_SLOW, zoo.SLOW_REPORT3_SEEDS, "new shapes, seen"),
                                       (4, zoo.REPORT4_SLOW, zoo.SLOW_REPORT4_SEEDS, "new shapes, seen"),
@@ -453,7 +455,8 @@ def main() -> None:
                                       (13, zoo.REPORT13_SLOW, zoo.SLOW_REPORT13_SEEDS, "new shapes, seen"),
                                       (14, zoo.REPORT14_SLOW, zoo.SLOW_REPORT14_SEEDS, "new shapes, seen"),
                                       (15, zoo.REPORT15_SLOW, zoo.SLOW_REPORT15_SEEDS, "new shapes, seen"),
-                                      (16, zoo.REPORT16_SLOW, zoo.SLOW_REPORT16_SEEDS, "new shapes")):
+                                      (16, zoo.REPORT16_SLOW, zoo.SLOW_REPORT16_SEEDS, "new shapes, seen"),
+                                      (17, zoo.REPORT17_SLOW, zoo.SLOW_REPORT17_SEEDS, "new shapes")):
             report[f"zoo_report{k}"] = rows = zoo_table(seeds[:args.seeds], gens)
             print_zoo(rows, f"report set {k} ({label}), seeds {seeds[0]}-{seeds[0] - 1 + min(args.seeds, len(seeds))}")
         runs = min(args.healthy_runs, len(zoo.FIT_SEEDS))
@@ -474,7 +477,8 @@ def main() -> None:
                 ("false_pages_report13", "report set 13 (seen)", zoo.REPORT13_HEALTHY, zoo.REPORT13_SEEDS),
                 ("false_pages_report14", "report set 14 (seen)", zoo.REPORT14_HEALTHY, zoo.REPORT14_SEEDS),
                 ("false_pages_report15", "report set 15 (seen)", zoo.REPORT15_HEALTHY, zoo.REPORT15_SEEDS),
-                ("false_pages_report16", "report set 16", zoo.REPORT16_HEALTHY, zoo.REPORT16_SEEDS)):
+                ("false_pages_report16", "report set 16 (seen)", zoo.REPORT16_HEALTHY, zoo.REPORT16_SEEDS),
+                ("false_pages_report17", "report set 17", zoo.REPORT17_HEALTHY, zoo.REPORT17_SEEDS)):
             report[key] = rows = false_pages(families, seeds[:runs])
             print_false_pages(rows, label)
         from benchmarks import bench_wild

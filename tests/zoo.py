@@ -1620,6 +1620,79 @@ REPORT16_HEALTHY = (h16_lengths_logistic_fast_15pct, h16_lengths_ramp_to_20pct, 
 REPORT16_SEEDS = range(16000, 16300)
 SLOW_REPORT16_SEEDS = range(16000, 16020)
 
+
+# Report set 17 (issue 22, eleventh pass): declared after the horizon's frontier was measured on sets 1-16 (bench_lead_time
+# --set forecast_windows=3..10) and before the default horizon changes (seeds 17000-17299; the pathologies' 17000-17019).
+# Healthy rises that stop, which a forecast continues: a cut share to 35 %, two ramps cut by prompt, a logistic KL to
+# 0.3, a KL ramp that stops; creeps to the cap and KL exponentials of other shapes.
+
+
+def h17_lengths_logistic_35pct(rng):
+    """Healthy: completions grow along a logistic (centred on step 160, 15 steps per e-fold) from 8 to 44 tokens (of 64),
+    the capped share from 3 % to 35 %; both then hold."""
+    return _lengths_grow(rng, _logistic(160, 15), (8, 36), (0.03, 0.32))
+
+
+def h17_lengths_two_ramps_by_prompt(rng):
+    """Healthy: completions grow in two linear ramps (steps 80-110 and 200-230) from 8 to 22 to 36 tokens, the capped
+    share 2 % -> 14 % -> 26 %, cut by prompt (overdispersed)."""
+    s = _healthy(rng)
+    x = 0.5 * _ease(80, 1.0, 110) + 0.5 * _ease(200, 1.0, 230)
+    s["response_len"] = 8 + 28 * x + 0.6 * rng.standard_normal(N)
+    s["truncation_rate"] = _overdispersed(rng, 0.02 + 0.24 * x)
+    return s
+
+
+def h17_kl_logistic_to_0p3(rng):
+    """Healthy: the KL rises along a logistic curve (0.02 -> 0.3, centred at step 170, 12 steps per e-fold) and settles."""
+    return _kl_follows(_healthy(rng), 0.02 + 0.28 * _logistic(170, 12), rng)
+
+
+def h17_kl_ramp_then_flat(rng):
+    """Healthy: the KL rises linearly from 0.01 to 0.25 over steps 50-150, then holds."""
+    return _kl_follows(_healthy(rng), 0.01 + 0.24 * _ease(50, 1.0, 150), rng)
+
+
+def r17_length_quadratic_creep(rng):
+    """Lengths creep quadratically from the onset to 95 % of the cap, the capped share along x^1.5 to 90 %; the accuracy
+    falls from 70 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 70))
+    x = _ease(ONSET, 2.0)
+    s["response_len"] = 8 + (0.95 * MAX_NEW - 8) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = rng.binomial(P * G, 0.02 + 0.88 * np.sqrt(x) ** 3) / (P * G)
+    return s
+
+
+def r17_length_creep_from_30pct_by_prompt(rng):
+    """A run already cutting 10 % of its completions (30 tokens) creeps linearly from the onset to 95 % of the cap, the
+    capped share to 85 %, cut by prompt (overdispersed); the accuracy falls from 65 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.2, 65))
+    x = _ease(ONSET)
+    s["response_len"] = 30 + (0.95 * MAX_NEW - 30) * x + 0.5 * rng.standard_normal(N)
+    s["truncation_rate"] = _overdispersed(rng, 0.10 + 0.75 * x)
+    return s
+
+
+def r17_kl_exp_25(rng):
+    """KL grows exponentially from the onset, doubling every ~25 steps from 0.01 (~0.6 at the end); the accuracy falls
+    from 80 steps after the onset."""
+    return _kl_exp_after_onset(rng, 0.01, 36.0, 80)
+
+
+def r17_kl_exp_18_on_0p05(rng):
+    """A KL flat at 0.05 grows exponentially from the onset, doubling every ~18 steps from 0.005 (~1.6 at the end); the
+    accuracy falls from 65 steps after the onset."""
+    s = _kl_exp_after_onset(rng, 0.005, 26.0, 65)
+    s["kl"] = s["kl"] + 0.05
+    return s
+
+
+REPORT17_SLOW = (r17_length_quadratic_creep, r17_length_creep_from_30pct_by_prompt, r17_kl_exp_25, r17_kl_exp_18_on_0p05)
+REPORT17_HEALTHY = (h17_lengths_logistic_35pct, h17_lengths_two_ramps_by_prompt, h17_kl_logistic_to_0p3,
+                    h17_kl_ramp_then_flat)
+REPORT17_SEEDS = range(17000, 17300)
+SLOW_REPORT17_SEEDS = range(17000, 17020)
+
 REPORT4_SLOW = (r4_length_sigmoid, r4_length_noisy_creep, r4_kl_linear_then_exp, r4_kl_exp_elevated,
                 r4_loss_exp_late_fast, r4_loss_exp_heavy_base, r4_entropy_step_creep, r4_format_slow_rise)
 REPORT4_HEALTHY = (h4_loss_sqrt_x10, h4_loss_t2, h4_entropy_dip_recover, h4_kl_jump_settle, h4_lengths_shrink,
