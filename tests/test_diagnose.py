@@ -140,11 +140,13 @@ def test_length_drift_pages_an_exponential_length_creep_well_before_the_damage()
     """Lengths doubling every ~25 steps from 3.5 tokens (zoo r5_length_exp_creep, report set 5, seen) stay short for
     long: with the CUSUM's allowance at a quarter of the way to the cap (length_drift 0.5) they were paged 9 steps
     before the damage on average. At an eighth (length_drift 0.25, seventh pass), 15 or more on average and every
-    seed before it; the capped share rising beyond its noise is still required (healthy growth: the zoo tests)."""
+    seed before it; the capped share rising beyond its noise is still required (healthy growth: the zoo tests). Judged
+    at the horizon this was measured with (10 windows): the eleventh pass's 7 costs this shape ~3 steps more."""
     leads = []
     for seed in range(5000, 5010):
         _, damage = zoo.truth(zoo.r5_length_exp_creep, seed)
-        critical = [c for c in diagnose(zoo.make(zoo.r5_length_exp_creep, seed)).conditions if c.severity == "critical"]
+        log = zoo.make(zoo.r5_length_exp_creep, seed)
+        critical = [c for c in diagnose(log, Thresholds(forecast_windows=10)).conditions if c.severity == "critical"]
         leads.append(damage - critical[0].first_step if critical else -np.inf)
     assert np.mean(leads) >= 15 and min(leads) > 0, leads
 
@@ -173,7 +175,7 @@ def test_length_drift_warns_only_while_the_cut_share_heads_to_half():
     """Lengths growing from 9 % to 70 % of the cap while the capped share rises from 2 % to 20 % and holds (zoo
     h14_lengths_grow_to_70pct, report set 14, seen): every one of set 14's 300 runs warned, because the share sat above
     its early level beyond its noise. The share climbs 0.18 / 220 ~ 0.0008 a step, so its line reaches `truncation`
-    (half cut) (0.5 - 0.2) / 0.0008 ~ 370 steps on at the earliest, beyond the horizon (10 windows, 200 steps): no
+    (half cut) (0.5 - 0.2) / 0.0008 ~ 370 steps on at the earliest, beyond the horizon (7 windows, 140 steps): no
     length_drift at all. A share that climbs from 12 % to 88 % (r14_length_creep_from_capped) is paged before it is
     half cut, and critical before the damage (its forecast critical does not wait for the warning's hold)."""
     for seed in range(14000, 14050):
@@ -196,17 +198,36 @@ def test_length_forecast_survives_the_slopes_own_noise():
     of 90 %. Its 2w line's slope has an SE of ~0.0006 a step (binomial noise over 64 completions, 0.043 a step, over
     sqrt(40 (40^2 - 1) / 12) = 73), and 90 % within 200 steps needs ~0.0038, 2.5 SE over the true slope: at its point
     slope a chance steep window forecast it, and 12 of these 50 runs went critical before the tenth pass. Continued
-    at the slope less one SE, at most 1 (0 measured). A creep to the cap (r14_length_creep_from_capped) stays
-    critical, by its forecast, before the damage."""
+    at the slope less one SE, at most 1 (0 measured). Judged at that horizon (10 windows, the default until the
+    eleventh pass shortened it), so the test holds the slope's SE, not the horizon. A creep to the cap
+    (r14_length_creep_from_capped) stays critical, by its forecast, before the damage (at the default horizon)."""
     critical = [seed for seed in range(15000, 15050)
                 if any(c.id == "length_drift" and c.severity == "critical"
-                       for c in diagnose(zoo.make(zoo.h15_lengths_logistic_25pct, seed)).conditions)]
+                       for c in diagnose(zoo.make(zoo.h15_lengths_logistic_25pct, seed),
+                                         Thresholds(forecast_windows=10)).conditions)]
     assert len(critical) <= 1, critical
     for seed in range(14000, 14005):
         _, damage = zoo.truth(zoo.r14_length_creep_from_capped, seed)
         first = min((c for c in diagnose(zoo.make(zoo.r14_length_creep_from_capped, seed)).conditions
                      if c.severity == "critical"), key=lambda c: c.first_step)
         assert first.id == "length_drift" and "; forecast: " in first.evidence and first.first_step < damage, (seed, first)
+
+
+def test_the_default_horizon_lets_a_share_that_stops_rise():
+    """A capped share that climbs 0.003 a step for 60 steps and stops at 20 % (zoo h16_lengths_ramp_to_20pct, report set
+    16, seen) is, at its true slope, 0.20 + 0.003 x 140 = 0.62 cut at the default horizon (7 windows, 140 steps), far
+    from 90 %; at 10 windows (the default before the eleventh pass) 0.20 + 0.003 x 200 = 0.80, within one slope SE of
+    it, and 14 of these 50 runs went critical. A linear creep to the cap (r16_length_creep_by_prompt, 0.0055 a step)
+    is still critical before its damage."""
+    critical = [seed for seed in range(16000, 16050)
+                if any(c.id == "length_drift" and c.severity == "critical"
+                       for c in diagnose(zoo.make(zoo.h16_lengths_ramp_to_20pct, seed)).conditions)]
+    assert Thresholds().forecast_windows == 7 and len(critical) <= 1, critical
+    for seed in range(16000, 16005):
+        _, damage = zoo.truth(zoo.r16_length_creep_by_prompt, seed)
+        first = min((c.first_step for c in diagnose(zoo.make(zoo.r16_length_creep_by_prompt, seed)).conditions
+                     if c.severity == "critical"), default=None)
+        assert first is not None and first < damage, (seed, first, damage)
 
 
 def test_kl_acceleration_projects_the_growth_only_as_far_as_it_has_risen():
@@ -265,8 +286,8 @@ def test_trend_and_forecast_arithmetic():
     noise = 0.5 + 0.05 * rng.standard_normal(20000)
     slope, _, se = _trend(noise, 40)
     assert abs(np.nanmedian(se) / (0.05 / np.sqrt(40 * (40**2 - 1) / 12)) - 1) < 0.15
-    mask, _ = _forecast(_Ctx(RunLog({"step": np.arange(1.0, 20001), "x": noise}, "flat", "sentinel"), Thresholds()),
-                        noise, 0.9, 1.0)
+    h200 = Thresholds(forecast_windows=10)  # the horizon the arithmetic below is written out for: 10 x 20 = 200 rows
+    mask, _ = _forecast(_Ctx(RunLog({"step": np.arange(1.0, 20001), "x": noise}, "flat", "sentinel"), h200), noise, 0.9, 1.0)
     # The trend test alone is a one-sided 3-SE tail: 1.3e-3 for a known SE, 2.4e-3 for Student t with the ~38
     # degrees of freedom an SE estimated from 39 differences has (0.38 % of rows measured here). The crossing is
     # taken at the slope less one SE (tenth pass): 0.9 - 0.5 = 0.4 within H = 200 rows needs slope - se >= 0.002,
@@ -285,7 +306,7 @@ def test_trend_and_forecast_arithmetic():
     assert np.isclose(se[-1], 0.05 / np.sqrt(2) * np.sqrt(39 / 40) / np.sqrt(40 * (40**2 - 1) / 12), rtol=0.02)
     log = RunLog({"step": t + 1, "x": line}, "noisy line", "sentinel")
     for level, paged in ((0.9, True), (1.07, False)):
-        mask, eta = _forecast(_Ctx(log, Thresholds()), line, level, 1.0)
+        mask, eta = _forecast(_Ctx(log, h200), line, level, 1.0)
         assert bool(mask[-1]) is paged and np.isclose(eta[-1], (level - end[-1]) / (slope[-1] - se[-1]))
     assert end[-1] + 200 * slope[-1] > 1.07 > end[-1] + 200 * (slope[-1] - se[-1])
 

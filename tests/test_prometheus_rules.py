@@ -47,15 +47,16 @@ def test_one_alert_per_table_row_with_its_severity_and_words():
         assert (r["alert"], r["labels"]["severity"], r["for"]) == (warning["alert"], "critical", "5m")
         assert warning["expr"] in r["expr"] and ("offset 5m" in r["expr"] or "avg_w_prev" in r["expr"])
     # And a forecast stage (detectors._forecast): critical with the warning, no longer hold, when the signal at
-    # its trend reaches the failure level within forecast_windows (10) windows: 50m at the default 5m window.
+    # its trend reaches the failure level within forecast_windows (7) windows: 7 x 300 s = 2100 s (35m) at the default
+    # 5m window.
     forecast = {r["labels"]["condition"]: r for r in rules if r["labels"].get("stage") == "forecast"}
     assert set(forecast) == {"kl_acceleration", "length_drift", "correctness_drop", "entropy_drift"}
     for cid, r in forecast.items():
         warning = alerts[rulegen.alert_name(cid)]
         assert (r["alert"], r["labels"]["severity"], r.get("for")) == (warning["alert"], "critical", warning.get("for"))
         assert warning["expr"] in r["expr"] and ("predict_linear" in r["expr"]) == (cid != "kl_acceleration")
-    assert "predict_linear(grpo_truncation_rate[10m], 3000)) >= 0.9" in forecast["length_drift"]["expr"]
-    kl_forecast = "clamp_min(grpo:kl_mean:ratio_w, 1) ^ clamp_max(grpo:kl_mean:rising_windows, 10) > 1"
+    assert "predict_linear(grpo_truncation_rate[10m], 2100)) >= 0.9" in forecast["length_drift"]["expr"]
+    kl_forecast = "clamp_min(grpo:kl_mean:ratio_w, 1) ^ clamp_max(grpo:kl_mean:rising_windows, 7) > 1"
     assert kl_forecast in forecast["kl_acceleration"]["expr"]
     for row in TABLE:
         a = alerts[rulegen.alert_name(row.id)]

@@ -10,12 +10,16 @@ from __future__ import annotations
 from grpo_sentinel.telemetry.health import rules
 from grpo_sentinel.telemetry.health.detectors import ESCALATING, FORECASTING
 from grpo_sentinel.telemetry.health.table import OPERATIONAL, TABLE
+from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.monitoring import PANEL_ROWS
 
 ESCALATED = ("; critical (label `stage: escalated`) once held for a window while its signal keeps getting worse "
              "(a slow pathology does not correct itself)")
 FORECAST = ("; critical (label `stage: forecast`) at once when its signal, {how}, reaches the row's failure level "
-            "within `forecast_windows` (10) windows (docs/lead-time.md, third pass)")
+            "within `forecast_windows` ({h}) windows (docs/lead-time.md, third pass). A forecast continues a trend: a rise "
+            "that will stop pages as one that will not. Where a team's healthy runs rise steeply and stop, a shorter "
+            "horizon trades lead for fewer pages (health.thresholds in the run's config and `grpo-sentinel rules --set "
+            "forecast_windows=N`; docs/lead-time.md, eleventh pass, measures the trade)")
 # How a forecast continues its signal: the least-squares line (detectors._forecast), or kl_acceleration's growth ratio.
 TREND = "at its trend over the last two windows less one standard error of it (tenth pass)"
 GROWTH = "growing at its ratio a window for as many windows as it has risen in a row (sixth pass)"
@@ -46,7 +50,8 @@ def markdown() -> str:
                 source += f" Unlike the trainer: {rules.DIFFERS[r.id]}."
         panels = ", ".join(f"*{t}*" for t in reading[r.id]) or "*Health conditions*"
         how = GROWTH if r.id == "kl_acceleration" else TREND
-        stages = (ESCALATED if r.id in ESCALATING else "") + (FORECAST.format(how=how) if r.id in FORECASTING else "")
+        forecast = FORECAST.format(how=how, h=Thresholds().forecast_windows) if r.id in FORECASTING else ""
+        stages = (ESCALATED if r.id in ESCALATING else "") + forecast
         out += [f"## {r.id}", "",
                 f"**Alert** `{rules.alert_name(r.id)}`, {r.severity}{stages}. "
                 f"**Source**: {source}", "",

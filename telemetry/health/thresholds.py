@@ -65,8 +65,10 @@ class Thresholds:
     clip_imbalance_min: float = 0.005  # ... while that side clips at least this share of tokens
     truncation_capped: float = 0.9  # window truncation rate at which almost no completion ends: critical
     escalate_windows: int = 1  # a drift row's warning held this many windows, getting worse: critical (_escalate)
-    forecast_windows: int = 10  # horizon H: a drift row whose signal's trend reaches its failure level within this
-    # many windows is critical at once (detectors._forecast; 200 steps at the default window)
+    forecast_windows: int = 7  # horizon H: a drift row whose signal's trend reaches its failure level within this
+    # many windows is critical at once (detectors._forecast; 140 steps at the default window). A trend that will stop
+    # pages as one that will not, more often the further it is continued: 7 is the shortest H at which the seen slow
+    # shapes of each kind (lengths, KL) keep a mean lead >= 20 steps on at least half of them (eleventh pass; 10 before)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
 
 

@@ -64,7 +64,7 @@
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 {{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 {{- $escalate_windows := dig "escalate_windows" 1 $s | int64 -}}
-{{- $forecast_windows := dig "forecast_windows" 10 $s | int64 -}}
+{{- $forecast_windows := dig "forecast_windows" 7 $s | int64 -}}
 {{- $correctness_drop := dig "correctness_drop" 0.1 $s | float64 -}}
 {{- $correctness_lookback := dig "correctness_lookback" 10 $s | int64 -}}
 groups:
@@ -970,7 +970,7 @@ groups:
 {{- $kl_growth := dig "kl_growth" 2.0 $s | float64 -}}
 {{- $repetition := dig "repetition" 0.3 $s | float64 -}}
 {{- $escalate_windows := dig "escalate_windows" 1 $s | int64 -}}
-{{- $forecast_windows := dig "forecast_windows" 10 $s | int64 -}}
+{{- $forecast_windows := dig "forecast_windows" 7 $s | int64 -}}
 {{- $correctness_drop := dig "correctness_drop" 0.1 $s | float64 -}}
 {{- $correctness_lookback := dig "correctness_lookback" 10 $s | int64 -}}
 {{- $g := .Values.grafanaAlerts -}}
