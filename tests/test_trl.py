@@ -192,8 +192,9 @@ def test_two_processes_make_one_run_and_one_metrics_endpoint(tmp_path, prometheu
 
 def test_the_wheel_exposes_only_grpo_sentinel_and_pins_the_trl_it_is_tested_with(tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "runs",
-                                                            "__pycache__", ".pytest_cache"))
+    # .venv* too: .ci/run leaves its lowest-versions venv (~6 GB) beside the main one
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv*", ".git", "build", "*.egg-info", "runs",
+                                                            "__pycache__", ".pytest_cache", ".ruff_cache"))
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(tmp_path / "wheel"), str(src)], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
