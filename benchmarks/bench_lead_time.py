@@ -101,8 +101,9 @@ def fixtures() -> list[dict]:
     for name in ("ch06_rlvr_grpo_original_no_kl_metrics.csv", "7_4_plus_clip_ratio_metrics.csv"):
         log = load(BOOK / name)
         log.eval_n = 500  # MATH-500
-        lead = lead_time(diagnose(log, th()), log)
-        critical = [c for c in diagnose(log, th()).conditions if c.severity == "critical"]
+        diag = diagnose(log, th())
+        lead = lead_time(diag, log)
+        critical = [c for c in diag.conditions if c.severity == "critical"]
         label = {"ch06": "ch06 (no KL)", "7_4_": "7_4 (clipped)"}[name[:4]]
         out.append({"source": label, **lead.as_dict(), "steps": len(log),
                     "criticals": sorted({c.id for c in critical})})

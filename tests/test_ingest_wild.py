@@ -440,7 +440,7 @@ def test_the_benchmarks_diagnose_with_thresholds_a_run_may_set():
 
     assert parse_settings(["forecast_windows=5", "kl_bound=0.5"]) == {"forecast_windows": 5, "kl_bound": 0.5}
     for text, message in (("forecast_windows", "write NAME=VALUE"), ("forecast_window=5", "did you mean 'forecast_windows'"),
-                          ("forecast_windows=2.5", "not a whole number")):
+                          ("forecast_windows=2.5", "not a whole number"), ("window=5", "each log's own")):
         with pytest.raises(ValueError, match=message):
             parse_settings([text])
     # The ch06 fixture's loss grows 10x and more over its early median: loss_blowup's critical. Asking for 10^6 x

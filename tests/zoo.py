@@ -1663,8 +1663,8 @@ def r17_length_quadratic_creep(rng):
     return s
 
 
-def r17_length_creep_from_30pct_by_prompt(rng):
-    """A run already cutting 10 % of its completions (30 tokens) creeps linearly from the onset to 95 % of the cap, the
+def r17_length_creep_from_10pct_cut_by_prompt(rng):
+    """A run already cutting 10 % of its completions (30 tokens long) creeps linearly from the onset to 95 % of the cap, the
     capped share to 85 %, cut by prompt (overdispersed); the accuracy falls from 65 steps after the onset."""
     s = _with_p(rng, _decline(0.6, 0.2, 65))
     x = _ease(ONSET)
@@ -1687,7 +1687,7 @@ def r17_kl_exp_18_on_0p05(rng):
     return s
 
 
-REPORT17_SLOW = (r17_length_quadratic_creep, r17_length_creep_from_30pct_by_prompt, r17_kl_exp_25, r17_kl_exp_18_on_0p05)
+REPORT17_SLOW = (r17_length_quadratic_creep, r17_length_creep_from_10pct_cut_by_prompt, r17_kl_exp_25, r17_kl_exp_18_on_0p05)
 REPORT17_HEALTHY = (h17_lengths_logistic_35pct, h17_lengths_two_ramps_by_prompt, h17_kl_logistic_to_0p3,
                     h17_kl_ramp_then_flat)
 REPORT17_SEEDS = range(17000, 17300)

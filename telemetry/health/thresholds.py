@@ -134,6 +134,8 @@ def parse_settings(settings: list[str]) -> dict[str, int | float]:
         name, eq, value = text.partition("=")
         if not eq:
             raise ValueError(f"{text!r}: write NAME=VALUE, e.g. forecast_windows=5")
+        if name == "window":  # each log's own (detector_window), as health.window is a run's
+            raise ValueError("the detector window is each log's own, not a threshold to set")
         changed[name] = coerce(name, value)
     return changed
 
