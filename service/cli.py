@@ -299,9 +299,13 @@ def _train(args) -> int:
         if main and (run is None or run.discard()):
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         elif main:
-            if run.read_summary().get("status") not in FINISHED:  # the loop, if it ran, wrote its own summary first
-                run.update_summary(status="preempted", reason=str(e))
-            print(f"grpo-sentinel: {e}; resume with --resume {run.path}", file=sys.stderr)
+            status = "stopped" if run.stop_marked else "preempted"  # a stop through the daemon's API is for good
+            summary = run.read_summary()
+            if summary.get("status") not in FINISHED:  # the loop, if it ran, wrote its own summary first
+                run.update_summary(status=status, reason=str(e))
+                run.event("ended", status=status, step=summary.get("step", 0), reason=str(e))
+            print(f"grpo-sentinel: {e}" + (f"; resume with --resume {run.path}" if status == "preempted" else ""),
+                  file=sys.stderr)
         return 75
     finally:
         signals.trainer = None

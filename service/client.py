@@ -35,7 +35,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"  # `grpo-sentinel serve`'s default --liste
 EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 2, 69  # 69 = EX_UNAVAILABLE
 # A followed run that ends `stopped` (through the API) or `removed` (stopped while queued) did not finish:
 # 75, as `train` exits when a signal stops it (its checkpoint is kept).
-FOLLOW_EXIT = {**EXIT_CODES, "stopped": 75, "removed": 75}
+FOLLOW_EXIT = {**EXIT_CODES, "removed": 75}
 READ_TIMEOUT_S = 45  # the daemon sends a keep-alive every 15 s: three missed and the connection is dead
 
 

@@ -4,7 +4,8 @@ change its config. The CLI and the daemon both go through here.
 A run directory holds `config.yaml` (what the run uses: the service's own file, read by nothing in
 telemetry), `run.json` (the scales telemetry persists at each start: what `diagnose` reads),
 `summary.json` (its status, rewritten atomically at start and end: the status file), `events.jsonl`
-(starts, resumes, config changes, ends: append-only), the two CSVs and `checkpoints/`. Reading a
+(starts, resumes, config changes, ends: append-only), the two CSVs and `checkpoints/`, and while a stop
+through the daemon's API is on its way, `stop-requested` (the signal says "stop", the file says "for good"). Reading a
 run (`read_config`, `read_summary`, `events`) validates its config purely, never whether it could
 launch: a finished run still reads after its model or data moved (launch.py is the launch's check).
 While a process trains it, it holds an exclusive lock on `.lock` (flock: the kernel releases it when
@@ -46,8 +47,11 @@ FINISHED = ("completed", "stopped_early", "halted", "stopped", "failed")
 # run me again with --resume. 74 = EX_IOERR: the disk under the run directory is full (free space, then run
 # again / --resume). Here, with the run directory, so that the CLI gives them (at start-up, and following
 # a run on the daemon) without importing the trainer (torch).
-EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "failed": 1}
+EXIT_CODES = {"completed": 0, "stopped_early": 0, "halted": 3, "preempted": 75, "stopped": 75, "failed": 1}
 EXIT_DISK = 74
+
+
+STOP_MARK = "stop-requested"
 
 
 class RunDirError(ValueError):
@@ -134,6 +138,8 @@ class RunDir:
         rewrite its meaning; allowed changes are written to the config and recorded as an event."""
         run, saved, cfg = cls._resumable(Path(path), overrides, steps)
         run.lock()
+        if run.read_summary().get("status") in FINISHED:  # asked for by name: an earlier stop is not this start's
+            (run.path / STOP_MARK).unlink(missing_ok=True)
         changes = config_changes(saved, cfg)
         if changes:
             run.config_path.write_text(cfg.to_yaml())
@@ -208,6 +214,16 @@ class RunDir:
     def update_summary(self, **fields: Any) -> dict:
         """Merge `fields` into the summary (e.g. a failure's status and reason), keeping the rest."""
         return runfiles.update_summary(self.summary_path, **fields)
+
+    def mark_stop(self) -> None:
+        """Before the signal that stops it: the run ends `stopped` (for good), not `preempted` (resume me).
+        One word from the process that trains it, in its summary, its events and its exit, whenever the
+        signal lands; a later resume by name clears it."""
+        (self.path / STOP_MARK).write_text(runfiles.now() + "\n")
+
+    @property
+    def stop_marked(self) -> bool:
+        return (self.path / STOP_MARK).is_file()
 
     def event(self, kind: str, **fields: Any) -> None:
         runfiles.event(self.path / "events.jsonl", kind, **fields)

@@ -253,7 +253,7 @@ class Trainer:
         except DiskFull as e:
             return self.close("failed", str(e), EXIT_DISK)
         except Interrupted as e:
-            self.close("preempted", str(e))
+            self.close(self._interrupted_status(), str(e))
             raise
         except BaseException as e:
             self.close("failed", f"{type(e).__name__}: {e}")
@@ -304,7 +304,8 @@ class Trainer:
         return True
 
     def request_stop(self, reason: str = "stop requested") -> None:
-        """Checkpoint at the next step boundary and end the run as preempted (safe from any thread)."""
+        """Checkpoint at the next step boundary and end the run: `preempted` (resume it), or `stopped` when
+        the run directory is marked so (a stop through the daemon's API). Safe from any thread."""
         self._stop_reason = reason
         self._stop.set()
 
@@ -378,11 +379,16 @@ class Trainer:
         return stats
 
     def _stopped(self) -> str:
-        log.warning("%s: checkpointing at step %d and exiting (resume with --resume %s)", self._stop_reason,
-                    self.state.step, self.run_dir)
+        status = self._interrupted_status()
+        log.warning("%s: checkpointing at step %d and exiting%s", self._stop_reason, self.state.step,
+                    f" (resume with --resume {self.run_dir})" if status == "preempted" else ": stopped")
         if self._saved_step != self.state.step:
             self._checkpoint()
-        return "preempted"
+        return status
+
+    def _interrupted_status(self) -> str:
+        """A signal ends the run `preempted` (resume me), unless a stop marked it for good (runs.py)."""
+        return "stopped" if self.dist.main and self.run.stop_marked else "preempted"
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -60,14 +60,31 @@ def test_the_api_queues_runs_validates_every_field_and_serves_record_and_report(
     assert wait_for(counted, 60, 0.1)
 
 
+def ended(run_dir: Path) -> list[str]:
+    return [e["status"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+            if e["event"] == "ended"]
+
+
 def test_the_running_run_stops_through_the_api_and_metrics_carry_it(daemons, demo_dir):
+    """A stop is `stopped` everywhere (summary, events, `runs follow`), whenever it lands: at the instant the
+    run's own process says `running` (model loaded, baseline not yet measured), and between steps."""
     d = daemons().ready()
+    d.call("POST", "/v1/runs", {**RUN, "run": {**RUN["run"], "steps": 200, "run_id": "early"}})
     d.call("POST", "/v1/runs", {**RUN, "run": {**RUN["run"], "steps": 200, "run_id": "long"}})
+    early = d.state / "runs" / "early"
+    assert wait_for(lambda: '"running"' in (early / "summary.json").read_text(errors="replace"), 120, 0.002)
+    assert d.call("POST", "/v1/runs/early/stop") == (200, {"id": "early", "status": "stopping"})
+    assert d.wait_status("early", {"stopped", "preempted", "completed", "failed"})["status"] == "stopped"
+    assert ended(early) == ["stopped"], d.output()
+    follow = subprocess.run(cli("runs", "follow", "early", "--url", d.url), capture_output=True, text=True, timeout=60)
+    assert follow.returncode == 75 and "run stopped at step" in follow.stdout and "preempted" not in follow.stdout
+    assert "run early: stopping through the API" in d.output()
     assert wait_for(lambda: len(steps_of(d.state / "runs" / "long" / "steps.csv")) >= 2, 600, 0.1)
     metrics = urllib.request.urlopen(d.url + "/metrics").read().decode()
     assert 'grpo_step{' in metrics and 'run_id="long"' in metrics  # the run's own series, through the daemon
     assert d.call("POST", "/v1/runs/long/stop") == (200, {"id": "long", "status": "stopping"})
     r = d.wait_status("long", {"stopped"})
+    assert ended(d.state / "runs" / "long") == ["stopped"]
     done = len(steps_of(d.state / "runs" / "long" / "steps.csv"))
     assert r["step"] == done and (d.state / "runs" / "long" / "checkpoints" / f"step-{done:08d}").is_dir()
     metrics = urllib.request.urlopen(d.url + "/metrics").read().decode()

@@ -134,6 +134,7 @@ def serve(args) -> int:
     server = _Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", lifespan="on",
                                     timeout_graceful_shutdown=2))
     def stop(signum, frame) -> None:
+        log.info("received %s: shutting down (the running run, if any, checkpoints first)", signal.Signals(signum).name)
         app.state.stopping.set()  # the event streams end at once instead of holding up the shutdown
         server.should_exit = True
 
@@ -142,4 +143,5 @@ def serve(args) -> int:
     log.info("grpo-sentinel daemon on http://%s/ (state %s, grace %.0f s)%s", s.listen, s.state_dir, s.grace_s,
              "" if token is None else ", API token required")
     server.run()
+    log.info("grpo-sentinel daemon stopped")
     return 0

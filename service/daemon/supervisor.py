@@ -169,12 +169,15 @@ class Supervisor:
                 self._order.remove(run_id)
                 self._save_order()
                 shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
+                log.info("run %s removed from the queue (stopped through the API before it started)", run_id)
                 return "removed"
             child = self.child
             if child is not None and child.run_id == run_id:
                 child.stop_requested = True  # wins over the signal it sends, however early that lands
                 if child.proc is not None:
+                    RunDir(self.runs_dir / run_id).mark_stop()  # the run ends `stopped` in its own words too
                     child.proc.send_signal(signal.SIGTERM)
+                log.info("run %s: stopping through the API (it checkpoints at its step boundary)", run_id)
                 return "stopping"
         return self.status(run_id)
 
