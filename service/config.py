@@ -176,6 +176,16 @@ class RunSettings(Section):
     max_consecutive_faults: int = Field(
         3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored)."
     )
+    cpu_threads: int | Literal["auto"] = Field(
+        "auto", description="torch's intra-op threads. 'auto': the cores this process may use (its affinity), shared "
+                            "with the other training processes on them (service/cpu.py); OMP_NUM_THREADS also sets it.")
+
+    @field_validator("cpu_threads")
+    @classmethod
+    def _threads(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("cpu_threads must be at least 1, or 'auto'")
+        return v
 
     @field_validator("run_id")
     @classmethod

@@ -36,7 +36,7 @@ from grpo_sentinel.telemetry import runfiles
 # runs, how it is watched). Everything else (model, data, rewards, the GRPO and optimiser settings, the seeds) would
 # make the earlier rows of the record lie about the run, or not fit the checkpoint.
 RESUMABLE = ("run.steps", "run.sample_every", "run.checkpoint_every", "run.keep_checkpoints",
-             "run.max_consecutive_faults", "model.device", "grpo.micro_batch_size", "grpo.reward_timeout_s",
+             "run.max_consecutive_faults", "run.cpu_threads", "model.device", "grpo.micro_batch_size", "grpo.reward_timeout_s",
              "grpo.reward_workers", "telemetry.", "health.", "traces.", "distributed.")
 
 

@@ -33,6 +33,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo_sentinel.service import checkpoint
 from grpo_sentinel.service.config import DEMO, Config, SetupError
+from grpo_sentinel.service.cpu import CpuShare
 from grpo_sentinel.service.data import BatchSampler, Datasets, Example, Verifier, fit_prompts, load_datasets
 from grpo_sentinel.service.distributed import SINGLE, Dist
 from grpo_sentinel.service.grpo.rollout import sample
@@ -233,6 +234,7 @@ class Trainer:
         self.policy: Policy | None = None
         self.state = LoopState()
         self._saved_step = 0  # the step of the newest complete checkpoint: the resume point
+        self.cpu: CpuShare | None = None  # this process's share of its cores, while the run is open
 
     @property
     def run_dir(self) -> Path:
@@ -279,6 +281,17 @@ class Trainer:
             return False
         for note in self.data.notes if dist.main else ():
             log.warning("data: %s", note)
+        self.cpu = CpuShare(cfg.run.cpu_threads).__enter__()
+        try:
+            return self._load(summary, ckpt)
+        except BaseException:
+            self._release_cpu()
+            raise
+
+    def _load(self, summary: dict, ckpt: checkpoint.Checkpoint | None) -> bool:
+        """open()'s second half, on this process's share of its cores: the model, then the checkpoint or the
+        baseline, then the sinks."""
+        cfg, dist = self.cfg, self.dist
         source = resolve_model(cfg, dist.local_rank if dist.world > 1 else None)
         limit = cfg.data.max_prompt_tokens or (source.context - cfg.grpo.max_new_tokens if source.context else None)
         if limit is not None:
@@ -314,6 +327,7 @@ class Trainer:
         ends at the same step boundary: a stop on any rank stops all, and rank 0's decisions (a health
         action, the fault limit, a checkpoint, the end) are every rank's."""
         dist = self.dist
+        self.cpu.adjust()  # another training process may have started on (or left) our cores
         if dist.any(self._stop_reason is not None, self.policy.device):
             self._stop_reason = self._stop_reason or "a stop on another rank"
             return self._stopped()
@@ -347,11 +361,17 @@ class Trainer:
     def close(self, status: str, reason: str = "", exit_code: int | None = None) -> RunResult:
         """End the run: close the sinks (bounded), write the summary and the event, release the run."""
         code = EXIT_CODES[status] if exit_code is None else exit_code
+        self._release_cpu()
         if not self.dist.main:
             return RunResult(status, self.run_dir, self._saved_step, code, reason)
         self.session.close(status, self._saved_step, reason, **self._summary_fields())
         self.run.unlock()
         return RunResult(status, self.run_dir, self._saved_step, code, reason)
+
+    def _release_cpu(self) -> None:
+        if self.cpu is not None:
+            self.cpu.__exit__(None, None, None)
+            self.cpu = None
 
     # -- one step ------------------------------------------------------------------------------
 
