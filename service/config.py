@@ -17,10 +17,10 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PlainValidator, ValidationError, WithJsonSchema, field_validator, model_validator
 
 from grpo_sentinel.telemetry.settings import HealthSettings, Section, TelemetrySettings, TracesSettings, error_lines
 
@@ -28,6 +28,17 @@ DEMO = "demo"  # model.path / data.path value that selects the embedded tiny mod
 BUILTIN_REWARDS = ("correct", "format")  # service/rewards.py implements them
 SEED_LIMIT = 2**63  # seeds feed torch and numpy generators, which take unsigned 64-bit values at most
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _count_or_auto(v: Any) -> int | str:
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return v
+    raise ValueError("must be a whole number (at least 1) or 'auto'")
+
+
+# A number of processes or threads, or 'auto': one check and one message for either.
+CountOrAuto = Annotated[int | Literal["auto"], PlainValidator(_count_or_auto),
+                        WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}]})]
 
 
 class ConfigError(ValueError):
@@ -176,16 +187,9 @@ class RunSettings(Section):
     max_consecutive_faults: int = Field(
         3, ge=1, description="Halt after this many skipped updates in a row (non-finite, or no sample scored)."
     )
-    cpu_threads: int | Literal["auto"] = Field(
+    cpu_threads: CountOrAuto = Field(
         "auto", description="torch's intra-op threads. 'auto': the cores this process may use (its affinity), shared "
                             "with the other training processes on them (service/cpu.py); OMP_NUM_THREADS also sets it.")
-
-    @field_validator("cpu_threads")
-    @classmethod
-    def _threads(cls, v):
-        if v != "auto" and v < 1:
-            raise ValueError("cpu_threads must be at least 1, or 'auto'")
-        return v
 
     @field_validator("run_id")
     @classmethod
@@ -196,18 +200,11 @@ class RunSettings(Section):
 
 
 class DistributedSettings(Section):
-    nproc_per_node: int | Literal["auto"] = Field(
+    nproc_per_node: CountOrAuto = Field(
         1, description="Training processes the daemon starts for a run (torch's elastic launcher); 'auto': one per "
                        "visible GPU. Under torchrun, its --nproc_per_node decides.")
     timeout_s: float = Field(600.0, gt=0, description="A collective that waits longer ends the run with an error "
                                                      "(a dead or hung rank), instead of hanging the others.")
-
-    @field_validator("nproc_per_node")
-    @classmethod
-    def _positive(cls, v):
-        if v != "auto" and v < 1:
-            raise ValueError("nproc_per_node must be at least 1, or 'auto'")
-        return v
 
 
 def divisors(n: int) -> list[int]:

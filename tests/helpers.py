@@ -2,7 +2,10 @@
 Fixtures live in conftest.py; tests import these from here."""
 import contextlib
 import csv
+import dataclasses
+import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +36,54 @@ def new_run(parent: Path, cfg, name: str = "r"):
 def cli(*args: str) -> list[str]:
     """Command line of the installed entry point, as a user runs it."""
     return [sys.executable, "-m", "grpo_sentinel.service.cli", *args]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """What a command did: subprocess.CompletedProcess's fields that the tests read."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def in_process(*args: str, cwd: Path | None = None, env: dict | None = None) -> Ran:
+    """`grpo-sentinel ARGS` run by the same main() in this process, its stdout and stderr captured as a
+    terminal would see them (the CLI's log lines included, in its format). For commands that end before
+    any training (bad input, refused resumes): a subprocess would add only its interpreter's start-up
+    (~5 s of imports on 2 cores). Environment, working directory, import path, signal handlers and
+    logging are restored after."""
+    from grpo_sentinel.service.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    saved = (dict(os.environ), os.getcwd(), list(sys.path), root.level,
+             {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)})
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.path[:0] = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        root.removeHandler(handler)
+        environ, wd, path, level, handlers = saved
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(wd)
+        sys.path[:] = path
+        root.setLevel(level)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 def installed(binary: str, package: str) -> str:
