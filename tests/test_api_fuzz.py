@@ -5,11 +5,14 @@ In-process (ASGI) against the real app and supervisor on a temporary state direc
 supervisor's worker is not started, so accepted runs queue and nothing trains.
 """
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from grpo_sentinel.service.daemon.app import create_app
 from grpo_sentinel.service.daemon.supervisor import Supervisor
+
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
 
 EXAMPLES = 100  # per operation: ~1,000 requests, about half a minute on 2 cores
 

@@ -15,6 +15,8 @@ import pytest
 
 from helpers import Daemon, cli, steps_of, wait_for
 
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
+
 # A demo run small enough to be quick on a loaded 2-core machine: 2 prompts x 4 completions a step.
 TINY = {"grpo": {"group_size": 4, "prompts_per_step": 2}, "data": {"eval_size": 8},
         "run": {"sample_every": 2, "checkpoint_every": 2, "eval_seed": 7}, "telemetry": {"prometheus": False}}
@@ -116,7 +118,6 @@ def sse(url: str, last_id: str | None = None) -> list[dict]:
     return out
 
 
-@pytest.mark.slow
 def test_stop_from_another_process_while_following_and_streams_never_hold_up_the_probes(daemons, tmp_path, demo_dir):
     d = daemons().ready()
     assert d.call("POST", "/v1/runs", tiny("long", 200))[0] == 201
@@ -153,7 +154,6 @@ def answers_within(url: str, seconds: float) -> bool:
         return r.status == 200
 
 
-@pytest.mark.slow
 def test_the_daemon_restarted_twice_while_following_and_no_step_is_printed_twice(daemons, tmp_path, demo_dir):
     d = daemons("--grace-s", "20").ready()
     port = d.port

@@ -65,6 +65,7 @@ def ended(run_dir: Path) -> list[str]:
             if e["event"] == "ended"]
 
 
+@pytest.mark.slow
 def test_the_running_run_stops_through_the_api_and_metrics_carry_it(daemons, demo_dir):
     """A stop is `stopped` everywhere (summary, events, `runs follow`), whenever it lands: at the instant the
     run's own process says `running` (model loaded, baseline not yet measured), and between steps."""
@@ -159,6 +160,7 @@ def test_sigterm_checkpoints_the_run_and_exits_0_within_the_grace_and_the_next_s
     assert d.run("g")["attempt"] == 2 and [r["step"] for r in steps_of(record)][:done + 1] == [str(s) for s in range(1, done + 2)]
 
 
+@pytest.mark.slow
 def test_beyond_loopback_a_token_is_required(daemons, tmp_path, demo_dir):
     refused = subprocess.run(cli("serve", "--listen", f"0.0.0.0:{free_port()}", "--state-dir", str(tmp_path / "s")),
                              capture_output=True, text=True, timeout=60, env={**os.environ, "GRPO_SENTINEL_API_TOKEN": ""})
@@ -185,6 +187,7 @@ def test_beyond_loopback_a_token_is_required(daemons, tmp_path, demo_dir):
     assert "s3cret" not in d.output()
 
 
+@pytest.mark.slow
 def test_a_corrupt_queue_is_reported_and_no_run_is_lost(daemons, demo_dir):
     d = daemons().ready()
     d.call("POST", "/v1/runs", {"run": {"steps": 1, "run_id": "x"}, "data": {"eval_size": 20}})
@@ -201,6 +204,7 @@ def test_the_openapi_document_takes_the_train_config():
     assert "Config" in doc["components"]["schemas"]  # the body of POST /v1/runs is the train config
 
 
+@pytest.mark.slow
 def test_a_real_prometheus_keeps_two_consecutive_runs_apart_and_an_idle_daemon_never_stalls(prometheus, tmp_path, demo_dir):
     """The daemon's /metrics is the pod's one scrape target: across two runs one after the other, every
     run's series carry its own run_id, the rules evaluate per run, and between and after the runs no

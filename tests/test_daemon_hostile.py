@@ -17,6 +17,8 @@ import pytest
 
 from helpers import Daemon, steps_of, wait_for
 
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
+
 TOKEN = "t0ken-of-the-daemon"
 TINY = {"data": {"eval_size": 20}, "telemetry": {"prometheus": False}}
 
@@ -240,7 +242,6 @@ def test_a_nearly_full_state_volume_queues_a_run_wholly_or_not_at_all(daemons, t
         subprocess.run(["umount", "-l", str(volume)])
 
 
-@pytest.mark.slow
 def test_a_run_that_failed_on_a_full_disk_resumes_through_the_api(daemons, tmp_path, demo_dir):
     volume = tmp_path / "vol" / "state"
     tmpfs(volume, "16m")
@@ -263,7 +264,6 @@ def test_a_run_that_failed_on_a_full_disk_resumes_through_the_api(daemons, tmp_p
         subprocess.run(["umount", "-l", str(volume)])
 
 
-@pytest.mark.slow
 def test_damaged_files_spoil_one_run_only_and_an_early_stop_is_a_stop(daemons, tmp_path, demo_dir):
     data = tmp_path / "data" / "add.jsonl"
     data.parent.mkdir()

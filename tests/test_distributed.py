@@ -36,6 +36,7 @@ def test_torchrun_trains_one_run_with_one_record(tmp_path, demo_dir):
     assert p.stdout.count("run completed at step 6") == 1  # one report, not one per rank
 
 
+@pytest.mark.slow
 def test_two_ranks_are_one_process_over_the_same_samples(tmp_path, demo_dir):
     out = tmp_path / "report.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -90,6 +91,7 @@ def test_a_world_size_that_does_not_divide_the_batch_is_refused_before_any_model
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_daemon_launches_a_two_rank_run_through_the_elastic_launcher(tmp_path, demo_dir):
     from helpers import Daemon
 

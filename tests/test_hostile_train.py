@@ -178,6 +178,7 @@ def test_an_otlp_protocol_it_cannot_speak_is_bad_input(tmp_path, demo_dir):
     assert not (out / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_cut_prompt_is_counted_when_truncation_is_asked_for(tmp_path, demo_dir):
     m = local_model(tmp_path, demo_dir)
     d = jsonl(tmp_path / "d.jsonl", [*rows(40), {"prompt": "1+" * 1001 + "1=", "answer": "1002"}])
@@ -254,6 +255,7 @@ def test_a_resume_that_would_rewrite_the_record_is_refused_touching_nothing(fini
     assert tree(finished) == before
 
 
+@pytest.mark.slow
 def test_a_resume_may_extend_the_run_and_the_change_is_an_event(tmp_path, finished):
     run = tmp_path / "r"
     shutil.copytree(finished, run)
@@ -298,6 +300,7 @@ def test_one_run_directory_is_trained_by_one_process(tmp_path, finished):
 
 # -- a full disk ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path, demo_dir):
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -318,6 +321,7 @@ def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path
         subprocess.run(["umount", str(disk)])
 
 
+@pytest.mark.slow
 def test_a_disk_already_full_at_start_up_is_74_and_keeps_nothing(tmp_path, demo_dir):
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -335,6 +339,7 @@ def test_a_disk_already_full_at_start_up_is_74_and_keeps_nothing(tmp_path, demo_
 
 @pytest.mark.parametrize("sig, phase", [(signal.SIGTERM, "loading"), (signal.SIGINT, "loading"),
                                         (signal.SIGTERM, "twice in the loop")])
+@pytest.mark.slow
 def test_a_signal_at_any_moment_ends_in_75_a_message_and_a_summary(tmp_path, demo_dir, sig, phase):
     proc = subprocess.Popen(cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", "--steps", "300", *FAST),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -373,6 +378,7 @@ def _signal_and_check(proc, tmp_path, sig, phase):
 
 # -- rewards that hang ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_reward_that_hangs_times_out_and_never_holds_up_a_sigterm(tmp_path, demo_dir):
     (tmp_path / "slow.py").write_text("import pathlib, time\ndef f(c, a, p):\n"
                                       f"    pathlib.Path({str(tmp_path / 'called')!r}).touch()\n"

@@ -5,7 +5,11 @@ import json
 import statistics
 import subprocess
 
+import pytest
+
 from helpers import cli
+
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
 
 # Measured over seeds 0-3 (`python benchmarks/bench_learning.py --seeds 0 1 2 3`): the held-out
 # sample_acc gain, end (mean of the last three sampling points) minus step 0, was +0.093 to

@@ -4,7 +4,11 @@ import csv
 import json
 import subprocess
 
+import pytest
+
 from helpers import cli
+
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
 
 
 def test_local_model_dir_and_jsonl_dataset(tmp_path, demo_dir):

@@ -28,7 +28,13 @@ def rows(log: RunLog, lo: int = 0, hi: int | None = None):
         yield {k: float(v[i]) for k, v in log.series.items()}
 
 
-@pytest.mark.parametrize("gen", list(zoo.ZOO), ids=lambda g: g.__name__)
+# The first tier's share of the zoo: a healthy run and the rows whose state carries furthest (a CUSUM, the KL's
+# forecast, the early baseline, the held-out peak, the loss blocks); every scenario in the second.
+FIRST_TIER = {"healthy", "kl_acceleration", "entropy_blowup", "late_degradation", "loss_blowup", "length_drift"}
+
+
+@pytest.mark.parametrize("gen", [pytest.param(g, marks=() if g.__name__ in FIRST_TIER else pytest.mark.slow)
+                                 for g in zoo.ZOO], ids=lambda g: g.__name__)
 def test_online_verdicts_are_the_offline_ones_at_every_step(gen):
     log = zoo.make(gen, 0)
     offline = diagnose(log)
@@ -66,6 +72,7 @@ def test_a_resumed_monitor_continues_exactly(gen):
     assert got == expected[cut:]
 
 
+@pytest.mark.slow
 def test_per_step_state_does_not_grow_with_the_run():
     """5,000 steps: the tail stays at lookback() rows and the carried state at a handful of numbers, the same
     at step 1,000 as at step 5,000."""

@@ -10,6 +10,8 @@ import pytest
 
 from helpers import cli, wait_for
 
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
+
 STEPS = 24
 ARGS = ["--steps", str(STEPS), "--set", "run.sample_every=8", "--set", "run.checkpoint_every=5",
         "--set", "run.eval_seed=7", "--set", "telemetry.prometheus=false"]

@@ -12,9 +12,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from grpo_sentinel.telemetry import dashboard
 from grpo_sentinel.telemetry.health import rules_grafana
 from helpers import REPO, Daemon, query_range, wait_for
+
+pytestmark = pytest.mark.slow  # the second tier (README, Tests)
 
 
 def crash_at_step_8(completion, answer, prompt):

@@ -108,6 +108,7 @@ class OTLPReceiver(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_otlp_receiver_gets_the_same_names_and_values(tmp_path, demo_dir):
     server = HTTPServer(("127.0.0.1", 0), OTLPReceiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -136,6 +137,7 @@ def test_otlp_receiver_gets_the_same_names_and_values(tmp_path, demo_dir):
     assert resource["service.name"] == "grpo-sentinel" and resource["grpo.run_id"] == "r"
 
 
+@pytest.mark.slow
 def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -155,6 +157,7 @@ def test_dead_collector_never_stops_training(tmp_path, demo_dir):
     assert time.monotonic() - t0 < 120  # the exit does not wait out the exporter's retries
 
 
+@pytest.mark.slow
 def test_an_induced_collapse_brings_its_alert(tmp_path, prometheus, demo_dir):
     """The real rules on a real scrape: lr 1e-2 on the tiny model loses every group's signal and runs
     off the reference; the PromQL rows reach pending/firing in /api/v1/alerts while the run is live."""

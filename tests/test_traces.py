@@ -449,6 +449,7 @@ def test_a_training_run_sends_every_held_out_round_and_sampled_groups_linked_fro
     assert summary["telemetry_dropped"] == {}
 
 
+@pytest.mark.slow
 def test_a_server_refusing_every_score_still_gets_every_span_and_the_refusals_are_counted(tmp_path, langfuse, demo_dir):
     langfuse.fail("ingestion", 400)
     p = train(tmp_path, langfuse.url)
@@ -465,6 +466,7 @@ def test_a_server_refusing_every_score_still_gets_every_span_and_the_refusals_ar
     assert p.stderr.count("refused scores") == 1  # said once, then only counted
 
 
+@pytest.mark.slow
 def test_a_207_with_some_scores_refused_counts_exactly_those(tmp_path, langfuse, demo_dir):
     langfuse.event_status = lambda event: 500 if event["body"]["name"] == "reward" else None
     p = train(tmp_path, langfuse.url)
@@ -478,6 +480,7 @@ def test_a_207_with_some_scores_refused_counts_exactly_those(tmp_path, langfuse,
     assert dropped == {"grpo.traces.dropped{reason=rejected,signal=scores}": len(train_gens)}
 
 
+@pytest.mark.slow
 def test_wrong_keys_are_one_clear_error_counted_drops_and_a_completed_run(tmp_path, langfuse, demo_dir):
     p = train(tmp_path, langfuse.url, keys={**KEYS, "LANGFUSE_SECRET_KEY": "sk-lf-wrong"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -489,6 +492,7 @@ def test_wrong_keys_are_one_clear_error_counted_drops_and_a_completed_run(tmp_pa
     assert "sk-lf-wrong" not in p.stderr + p.stdout
 
 
+@pytest.mark.slow
 def test_langfuse_down_for_the_whole_run_costs_nothing_but_counted_drops(tmp_path, demo_dir):
     p = train(tmp_path, f"http://127.0.0.1:{free_port()}")  # nothing listens there
     assert p.returncode == 0, p.stderr[-3000:]
@@ -497,6 +501,7 @@ def test_langfuse_down_for_the_whole_run_costs_nothing_but_counted_drops(tmp_pat
     assert dropped.get("grpo.traces.dropped{reason=unreachable,signal=spans}", 0) > 0
 
 
+@pytest.mark.slow
 def test_a_server_that_accepts_and_never_answers_cannot_hold_the_exit(tmp_path, demo_dir):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -528,6 +533,7 @@ def test_a_server_that_accepts_and_never_answers_cannot_hold_the_exit(tmp_path, 
     assert took < baseline + 30, (took, baseline)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_never_emits_a_trace_id_twice(tmp_path, langfuse, demo_dir):
     env = {**os.environ, **KEYS, "LANGFUSE_BASE_URL": langfuse.url}
     args = cli("train", "--out", str(tmp_path), "--set", "run.run_id=r", *ARGS, "--steps", "16",

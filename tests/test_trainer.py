@@ -93,6 +93,7 @@ def always_nan(completion, answer, prompt):
     return float("nan")
 
 
+@pytest.mark.slow
 def test_a_step_with_no_scored_sample_is_a_fault_and_repeated_faults_halt(tmp_path, demo_dir):
     cfg = load_config(None, ["rewards=[{name: 'tests.test_trainer:always_nan'}]", "run.max_consecutive_faults=2"],
                       **{"run.steps": 10, "run.out_dir": str(tmp_path)})
@@ -120,6 +121,7 @@ print(sum(counts[6:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists() or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_training_on_the_cpu_reuses_freed_memory_without_page_faults():
     # glibc's default is layout-dependent (its adaptive mmap and trim thresholds): in about a third of the

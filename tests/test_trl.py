@@ -144,6 +144,7 @@ def test_diagnose_reads_the_trl_output_dir_and_the_run_directory(run):
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.slow
 def test_a_saturating_reward_stops_trl_early_and_rows_say_what_they_cover(tmp_path, demo_dir):
     """Every group all-correct: reward_saturated after a window of rows (3 here, each the mean of 2 steps,
     logging_steps=2), and stop_on (the default) ends TRL's run there, keeping a checkpoint. Rewards unwrapped:
@@ -161,6 +162,7 @@ def test_a_saturating_reward_stops_trl_early_and_rows_say_what_they_cover(tmp_pa
     assert (tmp_path / "out" / "checkpoint-6").is_dir()
 
 
+@pytest.mark.slow
 def test_two_processes_make_one_run_and_one_metrics_endpoint(tmp_path, prometheus, demo_dir):
     """torchrun, 2 ranks, gloo on 127.0.0.1: one run directory and one /metrics (rank 0's), the groups that span
     both ranks gathered to it, and its stop taken by both ranks at the same step."""
@@ -190,6 +192,7 @@ def test_two_processes_make_one_run_and_one_metrics_endpoint(tmp_path, prometheu
     assert len(query("last_over_time(grpo_step[5m])")) == 1
 
 
+@pytest.mark.slow
 def test_the_wheel_exposes_only_grpo_sentinel_and_pins_the_trl_it_is_tested_with(tmp_path):
     src = tmp_path / "src"
     # .venv* too: .ci/run leaves its lowest-versions venv (~6 GB) beside the main one
@@ -212,6 +215,7 @@ def test_the_wheel_exposes_only_grpo_sentinel_and_pins_the_trl_it_is_tested_with
     assert metadata.version("trl") in SUPPORTED  # ... which this environment, the one tested, satisfies
 
 
+@pytest.mark.slow
 def test_importing_the_callback_imports_nothing_of_the_service():
     code = ("import sys; import grpo_sentinel.integrations.trl; "
             "print([m for m in sys.modules if m.startswith('grpo_sentinel.service')])")
@@ -283,6 +287,7 @@ def test_a_trainer_config_it_cannot_read_fails_before_training(tmp_path):
         cb.on_train_begin(silent, TrainerState(), TrainerControl())
 
 
+@pytest.mark.slow
 def test_a_train_that_raised_is_closed_as_failed_and_the_next_one_is_whole(tmp_path, demo_dir):
     """transformers calls no on_train_end when train() raises: the next train() with the same callback
     closes that run as failed, then gets its own /metrics, record and monitor."""
