@@ -299,11 +299,12 @@ def _train(args) -> int:
         if main and (run is None or run.discard()):
             print(f"grpo-sentinel: {e} before training began; nothing was kept (run the same command again)", file=sys.stderr)
         elif main:
-            status = "stopped" if run.stop_marked else "preempted"  # a stop through the daemon's API is for good
+            marked = run.stop_marked  # a stop through the daemon's API is for good
+            status, reason = ("stopped", marked) if marked else ("preempted", str(e))
             summary = run.read_summary()
             if summary.get("status") not in FINISHED:  # the loop, if it ran, wrote its own summary first
-                run.update_summary(status=status, reason=str(e))
-                run.event("ended", status=status, step=summary.get("step", 0), reason=str(e))
+                run.update_summary(status=status, reason=reason)
+                run.event("ended", status=status, step=summary.get("step", 0), reason=reason)
             print(f"grpo-sentinel: {e}" + (f"; resume with --resume {run.path}" if status == "preempted" else ""),
                   file=sys.stderr)
         return 75

@@ -215,15 +215,19 @@ class RunDir:
         """Merge `fields` into the summary (e.g. a failure's status and reason), keeping the rest."""
         return runfiles.update_summary(self.summary_path, **fields)
 
-    def mark_stop(self) -> None:
-        """Before the signal that stops it: the run ends `stopped` (for good), not `preempted` (resume me).
-        One word from the process that trains it, in its summary, its events and its exit, whenever the
-        signal lands; a later resume by name clears it."""
-        (self.path / STOP_MARK).write_text(runfiles.now() + "\n")
+    def mark_stop(self, reason: str) -> None:
+        """Before the signal that stops it: the run ends `stopped` (for good), not `preempted` (resume me),
+        for `reason`. One word from the process that trains it, in its summary, its events and its exit,
+        whenever the signal lands; a later resume by name clears it."""
+        (self.path / STOP_MARK).write_text(reason + "\n")
 
     @property
-    def stop_marked(self) -> bool:
-        return (self.path / STOP_MARK).is_file()
+    def stop_marked(self) -> str | None:
+        """Why the run was stopped for good, if it was (mark_stop)."""
+        try:
+            return (self.path / STOP_MARK).read_text().strip() or "stopped"
+        except OSError:
+            return None
 
     def event(self, kind: str, **fields: Any) -> None:
         runfiles.event(self.path / "events.jsonl", kind, **fields)

@@ -255,12 +255,13 @@ class Trainer:
         except DiskFull as e:
             return self.close("failed", str(e), EXIT_DISK)
         except Interrupted as e:
-            self.close(self._interrupted_status(), str(e))
+            status = self._interrupted_status()
+            self.close(status, self.run.stop_marked if status == "stopped" else str(e))
             raise
         except BaseException as e:
             self.close("failed", f"{type(e).__name__}: {e}")
             raise
-        return self.close(status)
+        return self.close(status, self.run.stop_marked if status == "stopped" else "")
 
     def open(self) -> bool:
         """Load the model, restore the newest complete checkpoint or measure the step-0 baseline, and
@@ -408,7 +409,7 @@ class Trainer:
 
     def _interrupted_status(self) -> str:
         """A signal ends the run `preempted` (resume me), unless a stop marked it for good (runs.py)."""
-        return "stopped" if self.dist.main and self.run.stop_marked else "preempted"
+        return "stopped" if self.dist.main and self.run.stop_marked is not None else "preempted"
 
     # -- persistence ---------------------------------------------------------------------------
 

@@ -175,7 +175,7 @@ class Supervisor:
             if child is not None and child.run_id == run_id:
                 child.stop_requested = True  # wins over the signal it sends, however early that lands
                 if child.proc is not None:
-                    RunDir(self.runs_dir / run_id).mark_stop()  # the run ends `stopped` in its own words too
+                    RunDir(self.runs_dir / run_id).mark_stop("stopped through the API")  # in the run's own words too
                     child.proc.send_signal(signal.SIGTERM)
                 log.info("run %s: stopping through the API (it checkpoints at its step boundary)", run_id)
                 return "stopping"
