@@ -269,6 +269,38 @@ def signal_vanished(c: _Ctx) -> None:
     c.fire("signal_vanished", c.full(c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
 
 
+def policy_collapse(c: _Ctx) -> None:
+    """One answer for every prompt: every group without signal on every step of a window (frac_zero_std
+    >= `collapse_zero`) and the step's reward the same from step to step (its window sd within
+    `collapse_reward_sd` of the maximum: prompts of every difficulty get the same outcome), after the run
+    had signal (its early frac_zero_std below `zero_signal`; a run without signal from the start is
+    signal_vanished's reading). Not when every group is right (success: reward_saturated). From then on
+    nothing is learned (advantages 0, the loss exactly 0) while the run looks calm: a policy that learned to
+    always refuse, then to always authorize, pays the same reward at every step."""
+    if not c.need("policy_collapse", "frac_zero_std", "reward"):
+        return
+    z = c.s["frac_zero_std"]
+    early = c.early("collapse_early", c.E, lambda rows: float(np.nanmean(z[rows])))
+    if early is None or not early < c.th.zero_signal:
+        return
+    every = moving_average((z >= c.th.collapse_zero).astype(float), c.w) >= 1 - 1e-9
+    sd = c.sd("reward", c.w) / c.log.max_reward
+    if c.has("frac_zero_std_correct"):
+        right = c.ma("frac_zero_std_correct") >= c.th.collapse_zero
+    else:
+        right = c.ma("reward") >= c.th.saturated * c.log.max_reward
+    loss = c.s.get("loss")
+
+    def evidence(i, j):
+        zero_loss = loss is not None and np.all(loss[max(0, j - c.w + 1):j + 1] == 0)
+        return (f"every group without signal on every step of {c.w}-step windows and the step's reward "
+                f"{c.ma('reward')[j]:.3g} the same from step to step (sd {sd[j] * c.log.max_reward:.2g}), after "
+                f"{100 * early:.0f} % of groups without signal early in the run: one answer for every prompt"
+                + ("; the loss is exactly 0" if zero_loss else ""))
+
+    c.fire("policy_collapse", c.full(c.w) & every & (sd <= c.th.collapse_reward_sd) & ~right, evidence, gap=c.w)
+
+
 def _loss_scale(c: _Ctx) -> np.ndarray:
     """[N] |loss|, NaN where it is 0 or not finite: a step without signal has loss exactly 0 and says
     nothing of the scale."""
@@ -368,21 +400,24 @@ def loss_spike(c: _Ctx) -> None:
     not move. Why 100: the GRPO loss is heavy-tailed; for a Student t with 3 degrees of freedom (the
     heaviest tail with a finite variance worth assuming) P(|T| > 100 x its median |T|) = 5e-6 a step,
     one false warning in 200,000 steps; 10x, the earlier factor, is 5e-3 a step (27 % of healthy
-    300-step runs warned, docs/lead-time.md)."""
+    300-step runs warned). Critical at `loss_catastrophe` (1e4) times it: four orders of magnitude in one
+    update, which no tail gives by chance (a run whose loss:sum reached 6e11 at one step). Both against
+    max(median, `loss_floor`): a loss that was ~1e-8 (every group without signal) sets no scale."""
     if not c.need("loss_spike", "loss"):
         return
     a = np.abs(c.s["loss"])
     n, med, _ = _loss_blocks(c, 1)
-    mask = (c.row >= c.th.loss_window) & (n >= 5) & (a > c.th.loss_spike_factor * med)
-    c.fire(
-        "loss_spike",
-        mask,
-        lambda i, j: (
-            f"|loss| up to {np.nanmax(a[i : j + 1]):.3g}, over {c.th.loss_spike_factor:g}x "
-            f"the median {np.nanmin(med[i : j + 1]):.3g} of the {c.th.loss_window} steps before"
-        ),
-        gap=c.w,
-    )
+    ref = np.fmax(med, c.th.loss_floor)  # a loss of ~1e-8 (a zero-signal step) sets no scale to be 100x of
+    judged = (c.row >= c.th.loss_window) & (n >= 5)
+    catastrophic = judged & (a > c.th.loss_catastrophe * ref)
+
+    def evidence(i, j):
+        factor = c.th.loss_catastrophe if catastrophic[i:j + 1].any() else c.th.loss_spike_factor
+        return (f"|loss| up to {np.nanmax(a[i:j + 1]):.3g}, over {factor:g}x the median {np.nanmin(med[i:j + 1]):.3g} of "
+                f"the {c.th.loss_window} steps before" + (f" (floor {c.th.loss_floor:g})" if med[i] < c.th.loss_floor else ""))
+
+    c.fire("loss_spike", judged & (a > c.th.loss_spike_factor * ref) & ~catastrophic, evidence, severity="warning", gap=c.w)
+    c.fire("loss_spike", catastrophic, evidence, severity="critical", gap=c.w)
 
 
 def loss_blowup(c: _Ctx) -> None:
@@ -418,7 +453,7 @@ def loss_blowup(c: _Ctx) -> None:
     if c.offset == 0 and c.n >= c.th.loss_window and n0[c.th.loss_window - 1] < 5:
         c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
         return
-    limit = np.fmax(top, c.th.loss_blowup_factor * med)
+    limit = np.fmax(top, c.th.loss_blowup_factor * np.fmax(med, c.th.loss_floor))  # a scale below the floor is none
     # The exceedance rate a healthy trend may give: the reference block's own share above limit / g, g the
     # growth a healthy scale may make from the reference block's centre to this row at half an order of
     # magnitude per 100 steps (what that scale would put above the limit), distribution-free.
@@ -1180,7 +1215,7 @@ def grad_norm_spike(c: _Ctx) -> None:
     if judged.size:
         windows = np.lib.stride_tricks.sliding_window_view(g, lw)  # [k] = rows k .. k+lw-1
         med[judged] = np.nanmedian(windows[judged - lw], axis=1)
-    hit = (c.row >= lw) & (med > 0) & (g > c.th.grad_spike * med)
+    hit = (c.row >= lw) & (med > 0) & (g > c.th.grad_spike * np.fmax(med, c.th.grad_floor))  # 1e-6 norms set no scale
     c.fire("grad_norm_spike", hit,
            lambda i, j: f"gradient norm up to {np.nanmax(g[i:j + 1]):.3g}, over {c.th.grad_spike:g}x the median "
                         f"{np.nanmin(med[i:j + 1]):.3g} of the {lw} steps before", gap=c.w)
@@ -1205,7 +1240,8 @@ def length_capped(c: _Ctx) -> None:
     """Almost every completion cut at the cap (the truncation rate's window mean at
     `truncation_capped`, 0.9, from below `truncation` early in the run) while the reward is not rising:
     a cut answer is not graded, so groups lose their reward spread and the gradient heads to 0;
-    critical, where length_pathology (half of them cut) is a warning."""
+    critical, where length_pathology (half of them cut) is a warning. Or every completion cut and every
+    reward 0 over a window, from whatever start."""
     if c.has("truncation_rate"):
         t = c.ma("truncation_rate")
 
@@ -1224,10 +1260,13 @@ def length_capped(c: _Ctx) -> None:
     # Heading to 1: the rate came from below length_pathology's level early in the run (a run capped from
     # its first step is a setting, length_pathology's warning). And a run that still learns while capped
     # is grading its cut answers (a JSON that fits, a short final line): the row's premise fails there.
+    # Capped from the start with every reward 0 is no setting to live with: no completion is ever graded, nothing
+    # can be learned (a cold start whose answers never fit the cap), whatever the early level.
+    unpaid = (c.ma("reward") == 0) & c.full(c.w) if c.has("reward") else np.zeros(c.n, dtype=bool)
     t0 = c.early("capped_early", c.E, lambda rows: float(np.nanmean(t[rows])))
-    if t0 is None or t0 >= c.th.truncation:
-        return
-    c.fire("length_capped", c.full(c.w) & (t >= c.th.truncation_capped) & ~_reward_rising(c), what, gap=c.w)
+    came = t0 is not None and t0 < c.th.truncation
+    capped = c.full(c.w) & (t >= c.th.truncation_capped)
+    c.fire("length_capped", capped & ((came & ~_reward_rising(c)) | (unpaid & (t >= 1 - 1e-9))), what, gap=c.w)
 
 
 def repetition(c: _Ctx) -> None:
@@ -1244,7 +1283,7 @@ def repetition(c: _Ctx) -> None:
                         f"({c.w}-step mean; threshold {100 * c.th.repetition:.0f} %)", gap=c.w)
 
 
-DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
+DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, policy_collapse, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness_drop_and_training_reward_hacking, entropy_rows, kl_rows,
              length_pathology, length_drift, all_wrong_rising, small_group_loose_grader_kl_only_learning, no_progress,
              zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition]

@@ -32,6 +32,7 @@ class RunLog:
     notes: list[str] = field(default_factory=list)
     read: list[str] = field(default_factory=list)  # the log's columns read ("key -> our name", or the name)
     ignored: list[str] = field(default_factory=list)  # the log's columns not read, each with the reason
+    unread: list[str] = field(default_factory=list)  # ... of which those holding numbers no name of ours matched
 
     def has(self, name: str) -> bool:
         return name in self.series and bool(np.isfinite(self.series[name]).any())

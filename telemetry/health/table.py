@@ -61,6 +61,19 @@ TABLE: list[Row] = [
         traced=("all-same",),
     ),
     Row(
+        "policy_collapse",
+        "critical",
+        "every group without signal on every step of a window and the step's reward the same from step to step, after "
+        "the run had signal (not every group right)",
+        "the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its "
+        "reward pays a constant for",
+        "stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the "
+        "reward separates the answers it sees",
+        dont="read the calm curves as convergence: the loss is exactly 0 and the KL flat because nothing is learned any "
+        "more; raising G does not help a policy that gives every completion the same answer",
+        traced=("all-same",),
+    ),
+    Row(
         "adv_mean_drift",
         "critical",
         "per-sequence advantage mean != 0",
@@ -180,11 +193,12 @@ TABLE: list[Row] = [
     Row(
         "loss_spike",
         "warning",
-        "loss far outside its rolling band",
+        "loss far outside its rolling band (100x its recent median); critical at four orders of magnitude",
         "numerics or a bad batch",
-        "inspect the step's samples",
-        dont="halt on one spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
+        "inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first",
+        dont="halt on one 100x spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
         "is exactly 0 on a step without signal)",
+        stages=("warning", "critical"),
     ),
     Row(
         "loss_blowup",

@@ -70,15 +70,30 @@ class Thresholds:
     # pages as one that will not, more often the further it is continued: 7 is the shortest H at which the seen slow
     # shapes of each kind (lengths, KL) keep a mean lead >= 20 steps on at least half of them (eleventh pass; 10 before)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
+    # Floors: the scale below which a relative change is not a change. A loss or gradient norm that grows 1000x from
+    # 1e-8 is float32 rounding of a zero-signal step (every group all-same: advantages 0, the loss is beta x a KL of
+    # ~1e-6, the gradient the same), not a numerical event; real runs' |loss| and gradient norms sit at 1e-4 to 10.
+    # The relative rows compare with max(reference, floor): loss_spike, loss_blowup, grad_norm_spike.
+    loss_floor: float = 1e-5  # |loss|
+    grad_floor: float = 1e-5  # gradient norm
+    # loss_spike's critical stage: one update this many times the median |loss| of the block before (four orders of
+    # magnitude: under a Student t3 tail ~5e-12 a step, never by chance; a 6e11 loss:sum among losses of ~1 is one)
+    loss_catastrophe: float = 1e4
+    # policy_collapse: every group without signal (frac_zero_std at least this, every step of a window) and the
+    # step's reward the same from step to step (its window sd at most `collapse_reward_sd` of the maximum) after the
+    # run had signal (its early frac_zero_std below `zero_signal`): one answer for every prompt
+    collapse_zero: float = 0.99
+    collapse_reward_sd: float = 0.01
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
 # outside it makes a rule that never or always fires.
-_FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
-             "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
-             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
-             "clip_imbalance_min", "truncation_capped", "repetition", "acc_decline_rate")
-_ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
+_FRACTION = ("saturated", "zero_signal", "collapse_zero", "collapse_reward_sd", "reward_drop", "entropy_collapse",
+             "entropy_blowup_lnv", "entropy_blowup_rise_lnv", "exploration_signal", "kl_dominant_zero",
+             "small_group_zero", "loose_gap", "loose_reward", "truncation", "entropy_drift", "length_drift",
+             "correctness_drop", "all_wrong_rise", "loss_blowup_share", "clip_imbalance_min", "truncation_capped",
+             "repetition", "acc_decline_rate")
+_ABOVE_ONE = ("loss_spike_factor", "loss_catastrophe", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
               "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
            "correctness_lookback": 1, "no_progress_windows": 2,

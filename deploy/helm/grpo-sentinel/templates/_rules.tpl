@@ -201,6 +201,22 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPOPolicyCollapse
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="policy_collapse"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="policy_collapse"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: policy_collapse
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: policy_collapse (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports policy_collapse (signals: every group without signal on every step of a window and the step''s reward the same from step to step, after the run had signal (not every group right)). PromQL cannot express it: it needs every group without signal on every step of a window (a scrape sees one step in many) and compares with the run''s own early share of such groups, which only the trainer has. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its reward pays a constant for'
+      action: stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the reward separates the answers it sees
+      runbook_url: '{{ $runbook }}#policy_collapse'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPOAdvMeanDrift
     expr: max by (job, instance, run_id) (abs(grpo_advantage_mean)) > {{ printf "%.6g" (float64 $adv_mean_tol) }}
     labels:
@@ -520,16 +536,33 @@ groups:
 {{- end }}
   - alert: GRPOLossSpike
     expr: |-
-      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
-      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="warning"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
     labels:
       severity: warning
       condition: loss_spike
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: numerics or a bad batch
-      action: inspect the step's samples
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
+      runbook_url: '{{ $runbook }}#loss_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOLossSpike
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="critical"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: loss_spike
+      stage: critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: numerics or a bad batch
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
       runbook_url: '{{ $runbook }}#loss_spike'
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
@@ -1095,6 +1128,60 @@ groups:
       severity: warning
       condition: signal_vanished
     uid: '{{ $g.uidPrefix }}-signal_vanished'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="policy_collapse"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="policy_collapse"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOPolicyCollapse
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: policy_collapse (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports policy_collapse (signals: every group without signal on every step of a window and the step''s reward the same from step to step, after the run had signal (not every group right)). PromQL cannot express it: it needs every group without signal on every step of a window (a scrape sees one step in many) and compares with the run''s own early share of such groups, which only the trainer has. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its reward pays a constant for'
+      action: stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the reward separates the answers it sees
+      runbook_url: '{{ $runbook }}#policy_collapse'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: policy_collapse
+    uid: '{{ $g.uidPrefix }}-policy_collapse'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
@@ -2079,8 +2166,8 @@ groups:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
-          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
-          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="warning"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
         refId: A
         instant: true
         range: false
@@ -2116,9 +2203,9 @@ groups:
     title: GRPOLossSpike
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: numerics or a bad batch
-      action: inspect the step's samples
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
       runbook_url: '{{ $runbook }}#loss_spike'
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
@@ -2128,6 +2215,61 @@ groups:
       severity: warning
       condition: loss_spike
     uid: '{{ $g.uidPrefix }}-loss_spike'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="critical"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOLossSpike critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: numerics or a bad batch
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
+      runbook_url: '{{ $runbook }}#loss_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: loss_spike
+      stage: critical
+    uid: '{{ $g.uidPrefix }}-loss_spike-critical'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
