@@ -548,3 +548,30 @@ def test_damage_read_from_the_reward_is_a_proxy_and_needs_its_noise():
     collapse = RunLog({"step": t, "reward": rng.binomial(8, p) / 8}, "x", "csv")
     lead = lead_time(diagnose(collapse), collapse)
     assert lead.proxy and lead.damage_step is not None and 150 < lead.damage_step < 220, lead
+
+
+@pytest.mark.unit
+def test_relative_rows_see_no_change_below_their_floors():
+    """A loss that grows from 2e-8 to 3e-5 and a gradient norm from 6e-6 to 0.2 (every group without signal, then
+    some: float32 rounding, then a real step) are not a blow-up or a spike; the same rises from real scales are."""
+    rng = np.random.default_rng(0)
+    n = 300
+    tiny = np.abs(2e-8 * (1 + 0.3 * rng.standard_normal(n)))
+    tiny[200:] = 3e-5 * (1 + 0.3 * rng.standard_normal(n - 200))
+    grad = np.abs(6e-6 * (1 + 0.3 * rng.standard_normal(n)))
+    grad[150] = 0.2
+    base = zoo.make(zoo.healthy, 0)
+    quiet = RunLog({**base.series, "loss": tiny, "grad_norm": grad}, "floors", "sentinel", max_new_tokens=64)
+    fired = {c.id for c in diagnose(quiet).conditions}
+    assert not fired & {"loss_blowup", "loss_spike", "grad_norm_spike"}, fired
+    loud = RunLog({**base.series, "loss": tiny * 1e4, "grad_norm": grad * 1e4}, "scaled", "sentinel", max_new_tokens=64)
+    fired = {c.id for c in diagnose(loud).conditions}
+    assert {"loss_blowup", "grad_norm_spike"} <= fired, fired
+
+
+@pytest.mark.unit
+def test_a_catastrophic_loss_spike_is_critical_and_a_large_one_a_warning():
+    pages = {gen: {(c.id, c.severity) for c in diagnose(zoo.make(gen, 0)).conditions if c.id == "loss_spike"}
+             for gen in (zoo.loss_spike, zoo.loss_catastrophe)}
+    assert pages[zoo.loss_spike] == {("loss_spike", "warning")}
+    assert pages[zoo.loss_catastrophe] == {("loss_spike", "critical")}

@@ -401,22 +401,22 @@ def loss_spike(c: _Ctx) -> None:
     heaviest tail with a finite variance worth assuming) P(|T| > 100 x its median |T|) = 5e-6 a step,
     one false warning in 200,000 steps; 10x, the earlier factor, is 5e-3 a step (27 % of healthy
     300-step runs warned). Critical at `loss_catastrophe` (1e4) times it: four orders of magnitude in one
-    update, which no tail gives by chance (a run whose loss:sum reached 6e11 at one step). Both against
-    max(median, `loss_floor`): a loss that was ~1e-8 (every group without signal) sets no scale."""
+    update, which no tail gives by chance (a run whose loss:sum reached 6e11 at one step). Neither where
+    the median is below `loss_floor`: a loss that was ~1e-8 (every group without signal) sets no scale."""
     if not c.need("loss_spike", "loss"):
         return
     a = np.abs(c.s["loss"])
     n, med, _ = _loss_blocks(c, 1)
-    ref = np.fmax(med, c.th.loss_floor)  # a loss of ~1e-8 (a zero-signal step) sets no scale to be 100x of
-    judged = (c.row >= c.th.loss_window) & (n >= 5)
-    catastrophic = judged & (a > c.th.loss_catastrophe * ref)
+    # A median below the floor (~1e-8: steps without signal, float32 rounding) is no scale to be 100x of.
+    judged = (c.row >= c.th.loss_window) & (n >= 5) & (med >= c.th.loss_floor)
+    catastrophic = judged & (a > c.th.loss_catastrophe * med)
 
     def evidence(i, j):
         factor = c.th.loss_catastrophe if catastrophic[i:j + 1].any() else c.th.loss_spike_factor
         return (f"|loss| up to {np.nanmax(a[i:j + 1]):.3g}, over {factor:g}x the median {np.nanmin(med[i:j + 1]):.3g} of "
-                f"the {c.th.loss_window} steps before" + (f" (floor {c.th.loss_floor:g})" if med[i] < c.th.loss_floor else ""))
+                f"the {c.th.loss_window} steps before")
 
-    c.fire("loss_spike", judged & (a > c.th.loss_spike_factor * ref) & ~catastrophic, evidence, severity="warning", gap=c.w)
+    c.fire("loss_spike", judged & (a > c.th.loss_spike_factor * med) & ~catastrophic, evidence, severity="warning", gap=c.w)
     c.fire("loss_spike", catastrophic, evidence, severity="critical", gap=c.w)
 
 
@@ -453,7 +453,7 @@ def loss_blowup(c: _Ctx) -> None:
     if c.offset == 0 and c.n >= c.th.loss_window and n0[c.th.loss_window - 1] < 5:
         c.diag.not_assessable["loss_blowup"] = f"fewer than 5 non-zero losses in the first {c.th.loss_window} steps"
         return
-    limit = np.fmax(top, c.th.loss_blowup_factor * np.fmax(med, c.th.loss_floor))  # a scale below the floor is none
+    limit = np.fmax(top, c.th.loss_blowup_factor * med)
     # The exceedance rate a healthy trend may give: the reference block's own share above limit / g, g the
     # growth a healthy scale may make from the reference block's centre to this row at half an order of
     # magnitude per 100 steps (what that scale would put above the limit), distribution-free.
@@ -462,7 +462,8 @@ def loss_blowup(c: _Ctx) -> None:
     p0 = np.minimum((half + 1) / (n0 + 1), 0.45)
     p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
-    informative = (c.row >= c.th.loss_window) & (n0 >= 5) & np.isfinite(a) & (a > 0)
+    # A reference block whose median is below the floor holds no scale (steps without signal): nothing to test.
+    informative = (c.row >= c.th.loss_window) & (n0 >= 5) & (med >= c.th.loss_floor) & np.isfinite(a) & (a > 0)
     # The growth's shape (fourth pass): where the relative rate falls (_loss_rate_falls: a linear ramp from
     # a small base grows fastest at its start), the scale reached is growth already made, and an update
     # counts only if it is past the last block's maximum too (by exchangeability ~1/(n+1) of updates if
@@ -1215,7 +1216,7 @@ def grad_norm_spike(c: _Ctx) -> None:
     if judged.size:
         windows = np.lib.stride_tricks.sliding_window_view(g, lw)  # [k] = rows k .. k+lw-1
         med[judged] = np.nanmedian(windows[judged - lw], axis=1)
-    hit = (c.row >= lw) & (med > 0) & (g > c.th.grad_spike * np.fmax(med, c.th.grad_floor))  # 1e-6 norms set no scale
+    hit = (c.row >= lw) & (med >= c.th.grad_floor) & (g > c.th.grad_spike * med)  # norms of ~1e-6 set no scale
     c.fire("grad_norm_spike", hit,
            lambda i, j: f"gradient norm up to {np.nanmax(g[i:j + 1]):.3g}, over {c.th.grad_spike:g}x the median "
                         f"{np.nanmin(med[i:j + 1]):.3g} of the {lw} steps before", gap=c.w)

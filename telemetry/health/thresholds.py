@@ -73,7 +73,8 @@ class Thresholds:
     # Floors: the scale below which a relative change is not a change. A loss or gradient norm that grows 1000x from
     # 1e-8 is float32 rounding of a zero-signal step (every group all-same: advantages 0, the loss is beta x a KL of
     # ~1e-6, the gradient the same), not a numerical event; real runs' |loss| and gradient norms sit at 1e-4 to 10.
-    # The relative rows compare with max(reference, floor): loss_spike, loss_blowup, grad_norm_spike.
+    # loss_spike, loss_blowup and grad_norm_spike judge nothing against a reference below its floor: from no scale,
+    # any rise is "100x".
     loss_floor: float = 1e-5  # |loss|
     grad_floor: float = 1e-5  # gradient norm
     # loss_spike's critical stage: one update this many times the median |loss| of the block before (four orders of
