@@ -171,7 +171,16 @@ def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world
     # The model's name, not its path: the run info reaches open /metrics and traces.
     return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type, scales=scales,
                    attempt=attempt, world_size=world_size, traces_project=cfg.traces.project_id,
-                   sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens})
+                   sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens},
+                   sampler=sampler_context(cfg))
+
+
+def sampler_context(cfg: Config) -> dict[str, str]:
+    """What biases the train/inference mismatch this run measures (the health row's evidence names it)."""
+    r = cfg.rollout
+    dtype = cfg.model.dtype if r.backend == "hf" or r.vllm.dtype == "auto" else r.vllm.dtype
+    return {"backend": r.backend, "sampler_dtype": dtype, "trainer_dtype": cfg.model.dtype,
+            "ratio": "raw" if cfg.grpo.is_correction == "none" else f"raw; the loss weighs it by {cfg.grpo.is_correction}"}
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:

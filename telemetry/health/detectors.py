@@ -1270,6 +1270,84 @@ def length_capped(c: _Ctx) -> None:
     c.fire("length_capped", capped & ((came & ~_reward_rising(c)) | (unpaid & (t >= 1 - 1e-9))), what, gap=c.w)
 
 
+def train_inference_mismatch(c: _Ctx) -> None:
+    """The sampler's log-probs drifting from the trainer's for the same tokens (a bf16 sampler for an fp32 trainer,
+    other kernels, a stale or broken weight sync): the token-mean k3 between them (mismatch_kl), or, from a log
+    that has only the mean |log-prob gap| (TRL's sampling/sampling_logp_difference/mean), half its square, a lower
+    bound (k3 ~ d^2 / 2 per token for small gaps, and E d^2 >= (E |d|)^2).
+
+    Warning: its w mean `mismatch_rise` (2) times the run's early level (the median of its first steps), beyond two
+    standard errors of that level's window mean (the early step-to-step noise), and at least `mismatch_floor`.
+    Critical: its w mean at `mismatch_critical` (0.1, where runs are reported collapsed); or one step
+    `mismatch_jump` (10) times the median of the w steps before, or its w mean that many times the early level,
+    either at least `mismatch_jump_floor` (1e-3): a sampler out of sync with the weights, or a drift an order of
+    magnitude past where the run began. It grows before a collapse (Yao et al. 2025; Liu & Li 2025: the gradient
+    norm blows up after it), so it pages before the damage the other rows read."""
+    if c.has("mismatch_kl"):
+        x, what = c.s["mismatch_kl"], "mismatch KL (token-mean k3, sampler vs trainer)"
+    elif c.has("logp_diff_mean"):
+        x, what = 0.5 * c.s["logp_diff_mean"] ** 2, "mismatch KL (at least, from the mean |log-prob gap|: d^2 / 2)"
+    else:
+        c.diag.not_assessable["train_inference_mismatch"] = "the log has no mismatch_kl or logp_diff_mean"
+        return
+    w, th = c.w, c.th
+
+    def stats(rows):
+        head = x[rows]
+        level = float(np.nanmedian(head)) if np.isfinite(head).any() else math.nan
+        return level, diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0
+
+    early = c.early("mismatch_early", c.E, stats)
+    ma = moving_average(x, w)
+    before = np.full(c.n, np.nan)  # the median of the w steps before each judged row
+    judged = np.flatnonzero(np.arange(c.n) >= max(c.start, w))
+    if judged.size:
+        before[judged] = np.nanmedian(np.lib.stride_tricks.sliding_window_view(x, w)[judged - w], axis=1)
+    jump = (x >= th.mismatch_jump * before) & (x >= th.mismatch_jump_floor)
+    level = c.full(w) & (ma >= th.mismatch_critical)
+    rise = np.zeros(c.n, dtype=bool)
+    if early is not None and np.isfinite(early[0]):
+        m0, noise = early
+        rise = (c.full(w) & (ma >= th.mismatch_rise * m0) & (ma - m0 > 2 * math.sqrt(2) * noise / math.sqrt(w))
+                & (ma >= th.mismatch_floor))
+    context = _mismatch_context(c.log)
+
+    def evidence(i, j):
+        k = i + int(np.nanargmax(np.where(np.isfinite(x[i:j + 1]), x[i:j + 1], -np.inf)))
+        text = f"{what} {w}-step mean up to {np.nanmax(ma[i:j + 1]):.3g}"
+        if early is not None and np.isfinite(early[0]):
+            text += f" vs {early[0]:.3g} early in the run"
+        if jump[i:j + 1].any():
+            text += f"; step {int(c.steps[k])} at {x[k]:.3g}, {x[k] / max(before[k], 1e-300):.3g}x the {w} steps before"
+        return text + (f" ({context})" if context else "")
+
+    # An order of magnitude above the run's own level, held a window (the jump, sustained; or a slow rise that got there)
+    sustained = np.zeros(c.n, dtype=bool)
+    if early is not None and np.isfinite(early[0]):
+        sustained = c.full(w) & (ma >= th.mismatch_jump * early[0]) & (ma >= th.mismatch_jump_floor)
+    critical = level | jump | sustained
+    c.fire("train_inference_mismatch", rise & ~critical, evidence, severity="warning", gap=w)
+    c.fire("train_inference_mismatch", critical, evidence, severity="critical", gap=w)
+
+
+def _mismatch_context(log) -> str:
+    """What biases the mismatch: the precisions of sampler and trainer, temperature and top_p (a sampler's
+    log-probs are renormalised over its nucleus where the trainer's are not: a gap by construction), and whether
+    the ratio was logged raw or after a correction truncated or masked it."""
+    sm, sp = log.sampler, log.sampling
+    parts = []
+    if sm.get("backend"):
+        parts.append(f"sampler {sm['backend']}" + (f" in {sm['sampler_dtype']}" if sm.get("sampler_dtype") else "")
+                     + (f", trainer in {sm['trainer_dtype']}" if sm.get("trainer_dtype") else ""))
+    if sp:
+        top_p = sp.get("top_p", 1.0)
+        parts.append(f"temperature {sp.get('temperature', 1.0):g}, top_p {top_p:g}"
+                     + (" (the sampler renormalises over its nucleus: a gap by construction)" if top_p < 1 else ""))
+    if sm.get("ratio"):
+        parts.append(f"importance ratio {sm['ratio']}")
+    return "; ".join(parts)
+
+
 def repetition(c: _Ctx) -> None:
     """Completions repeating themselves: the window mean of the step's seq-rep-4 (the trainer's
     `repetition`: per completion, the share of its word 4-grams that repeat an earlier one) at
@@ -1287,4 +1365,4 @@ def repetition(c: _Ctx) -> None:
 DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, policy_collapse, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness_drop_and_training_reward_hacking, entropy_rows, kl_rows,
              length_pathology, length_drift, all_wrong_rising, small_group_loose_grader_kl_only_learning, no_progress,
-             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition]
+             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition, train_inference_mismatch]

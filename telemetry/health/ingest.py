@@ -261,6 +261,8 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row", how: R
     ]
     if step_key is not None:
         log.read.insert(0, "step" if step_key == "step" else f"{step_key} -> step")
+    if chosen.get("is_ratio_mean", "").startswith("sampling/"):  # TRL logs the ratio its correction put in the loss
+        log.sampler["ratio"] = "after TRL's truncation or masking (its sampling/importance_sampling_ratio)"
     given = {k for n, k in how.names.items()}
     log.notes.append("columns read: " + ", ".join(log.read[:len(chosen) + (step_key is not None)])
                      + (f" ({', '.join(sorted(given))} as --map said)" if given else ""))
@@ -430,6 +432,7 @@ def _read_run_info(log: RunLog, path: Path) -> None:
     log.group_size, log.max_new_tokens, log.window = sc.group_size, sc.max_new_tokens, sc.window
     log.thresholds = dict(sc.thresholds)
     log.max_reward, log.ln_vocab, log.trace_project = sc.max_reward, sc.ln_vocab, info.traces_project
+    log.sampler, log.sampling = dict(info.sampler), dict(info.sampling)
     if sc.group_size and sc.prompts_per_step:
         log.completions_per_step = round(sc.group_size * sc.prompts_per_step)
 

@@ -37,6 +37,9 @@ TRAINER_SIDE = {
                   "trainer sees every step, and its episode counter survives the scrape gap",
     "policy_collapse": "it needs every group without signal on every step of a window (a scrape sees one step in "
                        "many) and compares with the run's own early share of such groups, which only the trainer has",
+    "train_inference_mismatch": "its warning compares with the run's own early level, which only the trainer has; its "
+                                "jump compares one step with the median of the steps before it, and a scrape sees one "
+                                "step in many",
     "late_degradation": "it reads held-out accuracy per evaluation point against the binomial noise of the eval set; "
                         "a time window holds an unknown, varying number of evaluation points",
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "

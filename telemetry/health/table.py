@@ -264,6 +264,22 @@ TABLE: list[Row] = [
         "check the LR and the reward; lower the LR or use easier prompts",
         dont="read it as harder prompts without checking: the prompt mix does not change mid-run unless a curriculum does it",
     ),
+    Row(
+        "train_inference_mismatch",
+        "warning",
+        "the sampler's log-probs drifting from the trainer's for the same tokens: mismatch KL (token-mean k3) above "
+        "twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step",
+        "the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, "
+        "or a stale or broken weight sync (a jump: the sampler missed an update)",
+        "check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling "
+        "correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR",
+        dont="raise the LR or the clip range to push through: the updates are already off-policy, and runs collapse "
+        "with the gradient norm blowing up after the mismatch grows",
+        source="Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'; Liu & Li "
+        "2025, 'When speed kills stability'; verl docs/algo/rollout_corr.md (|kl| > 0.1); prime-rl docs (< 0.015 "
+        "for a correct implementation)",
+        stages=("warning", "critical"),
+    ),
 ]
 
 TABLE += [

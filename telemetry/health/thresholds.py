@@ -85,6 +85,18 @@ class Thresholds:
     # run had signal (its early frac_zero_std below `zero_signal`): one answer for every prompt
     collapse_zero: float = 0.99
     collapse_reward_sd: float = 0.01
+    # train_inference_mismatch, on the token-mean k3 between the sampler's and the trainer's log-probs (mismatch_kl).
+    # Warning: its window mean `mismatch_rise` times the run's early level and beyond that level's noise, and at least
+    # `mismatch_floor` (a healthy bf16 sampler sits at 1e-4 to 1e-3; two float32 paths at ~1e-13, where a 100x rise is
+    # still nothing). Critical: its window mean at `mismatch_critical`, where runs are reported collapsed (verl's
+    # rollout_corr health check flags |kl| > 0.1 as "significant off-policy gap"; Qi et al. 2025 show bf16 runs' mismatch
+    # KL rising from ~1e-3 to ~1 as they collapse), or one step `mismatch_jump` times the median of the window
+    # before and at least `mismatch_jump_floor`: a sampler out of sync with the weights (a skipped adapter hand-over).
+    mismatch_floor: float = 1e-4
+    mismatch_rise: float = 2.0
+    mismatch_critical: float = 0.1
+    mismatch_jump: float = 10.0
+    mismatch_jump_floor: float = 1e-3
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
@@ -94,8 +106,9 @@ _FRACTION = ("saturated", "zero_signal", "collapse_zero", "collapse_reward_sd", 
              "small_group_zero", "loose_gap", "loose_reward", "truncation", "entropy_drift", "length_drift",
              "correctness_drop", "all_wrong_rise", "loss_blowup_share", "clip_imbalance_min", "truncation_capped",
              "repetition", "acc_decline_rate")
-_ABOVE_ONE = ("loss_spike_factor", "loss_catastrophe", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
-              "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
+_ABOVE_ONE = ("loss_spike_factor", "loss_catastrophe", "mismatch_rise", "mismatch_jump", "entropy_blowup_baseline",
+              "exploration_rise", "wrong_longer", "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth",
+              "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
            "correctness_lookback": 1, "no_progress_windows": 2,
            "escalate_windows": 1, "forecast_windows": 1}

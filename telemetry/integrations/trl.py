@@ -518,8 +518,21 @@ class _Run:
         self.session.start(RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type, scales=scales,
                                    world_size=a.world_size, traces_project=cb.traces.project_id,
                                    sampling={"temperature": a.temperature, "top_p": a.top_p,
-                                             "max_new_tokens": a.max_completion_length}))
+                                             "max_new_tokens": a.max_completion_length},
+                                   sampler=self._sampler(a)))
         return True
+
+    @staticmethod
+    def _sampler(a) -> dict[str, str]:
+        """What biases the mismatch TRL logs: its sampler, and that the ratio it logs is after its correction."""
+        if not getattr(a, "use_vllm", False):
+            return {"backend": "trl (transformers generate)"}
+        dtype = "bf16" if getattr(a, "bf16", False) else "fp16" if getattr(a, "fp16", False) else "fp32"
+        out = {"backend": f"vllm ({getattr(a, 'vllm_mode', 'server')} mode)", "trainer_dtype": dtype}
+        if getattr(a, "vllm_importance_sampling_correction", False):
+            out["ratio"] = (f"after TRL's {getattr(a, 'vllm_importance_sampling_mode', '')} correction "
+                            f"(clip max {getattr(a, 'vllm_importance_sampling_clip_max', '')})")
+        return out
 
     def _correctness(self, names: list[str]) -> str | None:
         wanted = self.cb.correctness

@@ -776,6 +776,39 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPOTrainInferenceMismatch
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="warning"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: train_inference_mismatch
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOTrainInferenceMismatch
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="critical"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: train_inference_mismatch
+      stage: critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPONoProgress
     expr: |-
       max by (job, instance, run_id) (grpo_health_condition{condition="no_progress"}) == 1
@@ -2900,6 +2933,115 @@ groups:
       severity: warning
       condition: all_wrong_rising
     uid: '{{ $g.uidPrefix }}-all_wrong_rising'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="warning"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOTrainInferenceMismatch
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: train_inference_mismatch
+    uid: '{{ $g.uidPrefix }}-train_inference_mismatch'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="critical"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOTrainInferenceMismatch critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: train_inference_mismatch
+      stage: critical
+    uid: '{{ $g.uidPrefix }}-train_inference_mismatch-critical'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
