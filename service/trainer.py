@@ -244,6 +244,7 @@ class Trainer:
         self.state = LoopState()
         self._saved_step = 0  # the step of the newest complete checkpoint: the resume point
         self.cpu: CpuShare | None = None  # this process's share of its cores, while the run is open
+        self.engine = None  # the rollout backend when it is not our decoder (rollout.backend: vllm)
 
     @property
     def run_dir(self) -> Path:
@@ -310,6 +311,8 @@ class Trainer:
             self.data = fit_prompts(self.data, source.tokenizer, limit, cfg.data.long_prompts)
         self.policy = build_policy(cfg, source, dist)
         resumed = self._restore(ckpt)
+        if cfg.rollout.backend == "vllm":
+            self._start_engine(source)
         if not dist.main:
             return True
         # Each start is the next attempt, on disk before anything is traced (trace ids carry it).
@@ -324,6 +327,17 @@ class Trainer:
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
         session.reset_clock()  # seconds_this_session: the loop's own time
         return True
+
+    def _start_engine(self, source: ModelSource) -> None:
+        """vLLM's engine on the base model, with the policy's adapter as it is now (a resume's, or the fresh one).
+        On a CPU its worker takes one of our cores and this process the others (cpu.py)."""
+        from grpo_sentinel.service.grpo.vllm_rollout import VLLMSampler
+
+        core = self.cpu.spare_core() if torch.device(source.device).type == "cpu" else None
+        self.engine = VLLMSampler(self.cfg, source.path, source.tokenizer, self.run_dir / "rollout-adapter", core)
+        if core is not None:
+            self.cpu.give_up(core)
+        self.engine.hand_over(self.policy.model, self.state.step)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Checkpoint at the next step boundary and end the run: `preempted` (resume it), or `stopped` when
@@ -370,6 +384,9 @@ class Trainer:
     def close(self, status: str, reason: str = "", exit_code: int | None = None) -> RunResult:
         """End the run: close the sinks (bounded), write the summary and the event, release the run."""
         code = EXIT_CODES[status] if exit_code is None else exit_code
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
         self._release_cpu()
         if not self.dist.main:
             return RunResult(status, self.run_dir, self._saved_step, code, reason)
@@ -393,8 +410,10 @@ class Trainer:
         batch = [self.data.train[i] for i in self.sampler.batch(st.cursor, cfg.grpo.prompts_per_step)]
         share = len(batch) // dist.world
         stats = grpo_step(self.policy, self.scorer, batch[dist.rank * share:(dist.rank + 1) * share], cfg.grpo,
-                          step, dist)
+                          step, dist, self.engine)
         st.step, st.cursor = step, st.cursor + len(batch)
+        if self.engine is not None:  # the engine samples the next step with the weights this one made
+            self.engine.hand_over(self.policy.model, step)
         if stats is None:
             return None
         if stats.skipped:
