@@ -63,7 +63,13 @@ CURVE_EVERY = 20  # reward-vs-step.csv rows every this many rows when no evaluat
 NOT_FED = {"grpo.kl": "TRL logs the mean KL only, not each completion's",
            "grpo.entropy": "TRL logs the mean entropy only, not each completion's",
            **{f"grpo.rank.{m}": "TRL's ranks time and measure their steps themselves; it logs none of it per rank"
-              for m in ("step_time", "collective_wait", "peak_memory")}}
+              for m in ("step_time", "collective_wait", "peak_memory")},
+           "grpo.mismatch.logp_diff": "TRL logs the mean and the largest log-prob gap, not each token's",
+           "grpo.mismatch.kl": "TRL logs the |log-prob gap|, not a KL estimate (diagnose bounds it from the mean gap)",
+           "grpo.importance.masked_fraction": "TRL logs no share of masked tokens"}
+# Rows TRL feeds only when it samples with vLLM and corrects for it (use_vllm, its default correction): its
+# sampling/* keys.
+WITH_VLLM = {"grpo.mismatch.logp_diff.mean", "grpo.mismatch.logp_diff.max", "grpo.importance_ratio"}
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
