@@ -89,7 +89,7 @@ def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
     from grpo_sentinel.service.data import read_jsonl
     from grpo_sentinel.service.grpo import lora
     from grpo_sentinel.service.grpo.decoder import Decoder
-    from grpo_sentinel.service.grpo.rollout import decode, position_ids, sampling_draw
+    from grpo_sentinel.service.grpo.rollout import SamplingDraw, decode, position_ids
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = common.trained_adapter(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device))
@@ -108,7 +108,7 @@ def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
 
             def draw(logits):
                 seen.append(logits)
-                return sampling_draw(1.0, 1.0)(logits)
+                return SamplingDraw(1.0, 1.0)(logits)
 
             torch.manual_seed(1)
             ids = decode(net, enc["input_ids"], enc["attention_mask"], row, new, draw=draw,

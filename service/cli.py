@@ -32,9 +32,15 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest complete checkpoint"
     )
     diag = sub.add_parser("diagnose", help="read a run log against the health table")
-    diag.add_argument("path", type=Path, help="steps.csv, reward-vs-step.csv, a run directory, a book CSV, a TRL "
-                                              "trainer_state.json or a verl/OpenRLHF JSONL metrics log")
+    diag.add_argument("path", type=Path, help="any per-step metrics log: our run directory or steps.csv, a JSONL or CSV "
+                                              "metrics log (verl, OpenRLHF, Tinker, prime-rl, your own loop), a W&B "
+                                              "history export, a TRL trainer_state.json or output_dir, a console log")
     diag.add_argument("--format", default="auto", choices=health_cli.FORMATS)
+    diag.add_argument("--step-column", metavar="NAME", help="the log's step column, if it is not one of step, "
+                                                             "global_step, _step, grpo_step, train_step, iteration, ...")
+    diag.add_argument("--map", action="append", default=[], metavar="OURS=THEIRS",
+                      help="read the log's column THEIRS as our OURS, e.g. --map reward=env/all/reward/total "
+                           "(repeatable), or a YAML file of `ours: theirs` lines")
     diag.add_argument(
         "--json",
         action="store_true",

@@ -144,6 +144,41 @@ class GRPOSettings(Section):
                                                             "longer makes its sample invalid ('timeout').")
     reward_workers: int = Field(1, ge=1, description="Threads calling reward functions (module:function) in parallel; "
                                                      "more helps rewards that wait on I/O.")
+    is_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = Field(
+        "none", description="Importance-sampling correction of the train/inference mismatch, as TRL 1.16 defines it: "
+                            "weigh each token's loss by p_trainer / p_sampler per token or per sequence (the product), "
+                            "truncated to [is_clip_min, is_clip_max] or masked to 0 outside it. 'none': no weight.")
+    is_clip_max: float | None = Field(3.0, gt=0, description="Upper bound of the importance ratio (TRL's "
+                                                              "vllm_importance_sampling_clip_max); null: none.")
+    is_clip_min: float | None = Field(None, ge=0, description="Lower bound of the importance ratio; null: none.")
+
+    @model_validator(mode="after")
+    def _correction_bounds(self) -> GRPOSettings:
+        lo, hi = self.is_clip_min, self.is_clip_max
+        if lo is not None and hi is not None and lo >= hi:
+            raise ValueError(f"is_clip_min ({lo}) must be below is_clip_max ({hi})")
+        if self.is_correction.endswith("truncate") and lo is None and hi is None:
+            raise ValueError(f"is_correction={self.is_correction} truncates to bounds: set is_clip_max or is_clip_min")
+        return self
+
+
+class VLLMSettings(Section):
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of the GPU's memory the engine may "
+                                                                        "take (weights, KV cache); the trainer needs the rest.")
+    enforce_eager: bool = Field(True, description="No CUDA graphs or torch.compile: starts in seconds (on a CPU the "
+                                                  "compile takes ~a minute); set false on a GPU for long runs.")
+    kv_cache_gib: float = Field(1.0, gt=0, description="On a CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The engine's weights; 'auto': model.dtype, so sampler and trainer agree. Another "
+                            "precision is the mismatch row's classic cause (a bf16 sampler for an fp32 trainer).")
+
+
+class RolloutSettings(Section):
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: our decoder in the training process (the default; the demo's). vllm: vLLM's engine in its "
+                          "own process, the base model loaded once and the policy's LoRA adapter handed over after "
+                          "every optimizer step (docs/guides/vllm.md).")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
 
 
 class OptimSettings(Section):
@@ -227,6 +262,7 @@ class Config(Section):
     data: DataSettings = Field(default_factory=DataSettings)
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="correct", weight=1.0)])
     grpo: GRPOSettings = Field(default_factory=GRPOSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     optim: OptimSettings = Field(default_factory=OptimSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
@@ -240,6 +276,9 @@ class Config(Section):
             raise ValueError("rewards: at least one reward function is needed")
         if (self.model.path == DEMO) != (self.data.path == DEMO):
             raise ValueError("model.path and data.path: the demo model only speaks the demo task; set both or neither to 'demo'")
+        if self.rollout.backend == "vllm" and self.distributed.nproc_per_node != 1:
+            raise ValueError("rollout.backend=vllm runs one engine for one training process: use "
+                             "distributed.nproc_per_node=1 (one engine per rank is not supported yet)")
         if isinstance(self.distributed.nproc_per_node, int):
             try:
                 check_world_size(self.grpo.prompts_per_step, self.distributed.nproc_per_node)

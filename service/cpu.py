@@ -83,6 +83,22 @@ class CpuShare:
                 os.unlink(self.folder / f"{os.getpid()}.json")
         self._close()
 
+    def spare_core(self) -> int | None:
+        """A core to give a helper process (vLLM's CPU worker) if this process may use more than one: its last."""
+        return self.cores[-1] if len(self.cores) > 1 else None
+
+    def give_up(self, core: int) -> None:
+        """Leave `core` to the helper now bound to it: every thread of this process (OpenMP's pool included) moves
+        to the other cores, the claim says so, and the thread count follows."""
+        self.cores = [c for c in self.cores if c != core]
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), self.cores)
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps({"cores": self.cores}).encode(), 0)
+        self.adjust(force=True)
+
     def _close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # releases the lock

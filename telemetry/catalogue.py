@@ -97,6 +97,11 @@ def _abs_advantages(s: StepStats) -> Series:
     return [(np.abs(np.asarray(s.samples.advantage, dtype=np.float64)[valid]), {})]
 
 
+def _ratios(s: StepStats) -> Points:
+    return [] if "is_ratio_mean" in s.unmeasured else [
+        (s.is_ratio_min, {"stat": "min"}), (s.is_ratio_mean, {"stat": "mean"}), (s.is_ratio_max, {"stat": "max"})]
+
+
 def _zero_std(s: StepStats) -> Points:
     return [(s.frac_zero_std, {"outcome": "any"}), (s.frac_zero_std_correct, {"outcome": "all_correct"}),
             (s.frac_zero_std_wrong, {"outcome": "all_wrong"})]
@@ -212,6 +217,16 @@ CATALOGUE: list[Metric] = [
         lambda sc: sorted({float(max(1, round(sc.max_new_tokens * i / 10))) for i in range(1, 11)}),
     ),
     Metric(
+        "grpo.mismatch.logp_diff",
+        "histogram",
+        "1",
+        "completion token",
+        "|log p_trainer - log p_sampler| of each sampled token: the train/inference mismatch's distribution (0 where "
+        "the two agree; bf16 against fp32 sits near 1e-3 to 1e-2).",
+        _each("logp_diff"),
+        lambda sc: [1e-6, 1e-5, 1e-4, 1e-3, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0],
+    ),
+    Metric(
         "grpo.step.duration",
         "histogram",
         "s",
@@ -312,6 +327,35 @@ CATALOGUE: list[Metric] = [
         "step",
         "Fraction of tokens where the ratio clip was active.",
         _one("clip_frac"),
+    ),
+    Metric(
+        "grpo.mismatch.kl",
+        "gauge",
+        "1",
+        "step",
+        "Token mean of k3 between the sampler's and the trainer's log-probs of the sampled tokens: KL(sampler || "
+        "trainer), the train/inference mismatch.",
+        _one("mismatch_kl"),
+    ),
+    Metric("grpo.mismatch.logp_diff.mean", "gauge", "1", "step", "Token mean of |log p_trainer - log p_sampler|.",
+           _one("logp_diff_mean")),
+    Metric("grpo.mismatch.logp_diff.max", "gauge", "1", "step", "Largest |log p_trainer - log p_sampler| of the step.",
+           _one("logp_diff_max")),
+    Metric(
+        "grpo.importance_ratio",
+        "gauge",
+        "1",
+        "step",
+        "p_trainer / p_sampler per token, before any correction (attribute `stat`: min, mean, max); 1 where they agree.",
+        _ratios,
+    ),
+    Metric(
+        "grpo.importance.masked_fraction",
+        "gauge",
+        "1",
+        "step",
+        "Share of tokens the importance-sampling correction (grpo.is_correction) truncated or masked.",
+        _one("is_masked_frac"),
     ),
     Metric("grpo.grad_norm", "gauge", "1", "step", "Total gradient norm before clipping.", _one("grad_norm")),
     Metric("grpo.learning_rate", "gauge", "1", "step", "Learning rate of the step.", _one("lr")),

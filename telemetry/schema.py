@@ -40,6 +40,9 @@ class RunInfo:
     attempt: int = 1  # how many times this run has been started (a resume is the next attempt)
     world_size: int = 1  # training processes (ranks); rank 0 reports for all
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, max_new_tokens
+    # What biases the train/inference mismatch (the health row's evidence names it): backend (hf | vllm | trl),
+    # sampler_dtype, trainer_dtype, ratio (raw | masked: after a correction truncated or masked it)
+    sampler: dict[str, str] = field(default_factory=dict)
     traces_project: str | None = None  # the Langfuse project of the run's traces (traces.project_id), for links
 
 
@@ -62,6 +65,8 @@ class Samples:
     answers: tuple[str, ...] = ()  # [P] reference answers
     completions: tuple[str, ...] = ()  # [B] decoded completions
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [P]
+    # |log p_trainer - log p_sampler| of every completion token, flat [tokens] (the mismatch's distribution)
+    logp_diff: np.ndarray = field(default_factory=lambda: np.zeros(0))
     # Per-completion fields the producer could not measure (a trainer that is not ours, e.g. TRL, has no
     # per-completion KL or entropy): their arrays are placeholders (NaN, False), and what reads them
     # leaves them out (no histogram, no trace metadata) instead of reporting the placeholder.
@@ -145,6 +150,15 @@ class StepStats:
     # Optimizer steps this record covers: 1 here; a trainer that logs every k steps (TRL's logging_steps)
     # gives means over its k steps, and a record of an evaluation alone covers 0.
     steps_in_row: int = 1
+    # The train/inference mismatch: the sampler's log-prob of each sampled token against the trainer's (its logp_old,
+    # the weights that sampled it), over completion tokens. NaN: not measured.
+    mismatch_kl: float = math.nan  # token mean of k3 = r - log r - 1, r = p_trainer / p_sampler: KL(sampler || trainer)
+    logp_diff_mean: float = math.nan  # token mean of |log p_trainer - log p_sampler|
+    logp_diff_max: float = math.nan
+    is_ratio_min: float = math.nan  # r per token, raw: before any correction
+    is_ratio_mean: float = math.nan
+    is_ratio_max: float = math.nan
+    is_masked_frac: float = math.nan  # share of tokens the correction truncated or masked (0 without one)
     reward_components: dict[str, float] = field(default_factory=dict)  # function -> mean over valid values
     eval: Eval | None = None  # set on sampling steps
     health: tuple[str, ...] = ()  # ids of the health conditions active at this step (online monitor)

@@ -17,7 +17,7 @@ from grpo_sentinel.telemetry.health.table import BY_ID
 from grpo_sentinel.telemetry.health.thresholds import Thresholds
 from grpo_sentinel.telemetry.schema import RunInfo
 from grpo_sentinel.telemetry.stats import moving_average
-from helpers import cli, new_run
+from helpers import cli, in_process, new_run
 
 BOOK = Path(__file__).resolve().parent / "fixtures" / "book-runs"  # copied from shared/fixtures, Apache-2.0
 PLAIN, CLIPPED = BOOK / "ch06_rlvr_grpo_original_no_kl_metrics.csv", BOOK / "7_4_plus_clip_ratio_metrics.csv"
@@ -459,12 +459,25 @@ def test_trl_trainer_state(tmp_path):
     assert log.series["kl"][0] == 0.01 and log.series["sample_acc"][-1] == 0.4
 
 
-def test_unreadable_input_is_a_clear_error(tmp_path):
-    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(IngestError, match="unrecognised columns"):
-        load(tmp_path / "x.csv")
-    p = subprocess.run(cli("diagnose", str(tmp_path / "x.csv")), capture_output=True, text=True)
-    assert p.returncode == 2 and "unrecognised columns" in p.stderr and p.stdout == ""
+def test_columns_it_cannot_name_are_refused_with_the_flag_that_reads_them(tmp_path):
+    """A log whose names say nothing to the reader: the refusal names its columns and the --map that reads
+    them (never that the file has no numbers); with --map (or a YAML file of them) and --step-column it reads."""
+    log = tmp_path / "x.csv"
+    log.write_text("it,a,b\n" + "".join(f"{i},{0.1 * i:.1f},{i % 2}\n" for i in range(1, 50)))
+    with pytest.raises(IngestError, match=r"holds numbers, but no column's name says what it is .*\(it, a, b\).*--map reward=it"):
+        load(log)
+    p = in_process("diagnose", str(log))
+    assert p.returncode == 2 and "--map reward=" in p.stderr and p.stdout == ""
+    (tmp_path / "map.yaml").write_text("reward: a\n")
+    p = in_process("diagnose", str(log), "--step-column", "it", "--map", str(tmp_path / "map.yaml"), "--map",
+                   "train_acc=b", "--json")
+    assert p.returncode == 0, p.stderr
+    notes = " ".join(json.loads(p.stdout)["notes"])
+    assert "it -> step" in notes and "a -> reward" in notes and "b -> train_acc" in notes
+    for bad, says in ((["--map", "rewards=a"], "'rewards' is not a name of ours"), (["--map", "reward=zz"], "no column 'zz'"),
+                      (["--step-column", "zz"], "--step-column 'zz' is not a column"), (["--map", "reward"], "OURS=THEIRS")):
+        p = in_process("diagnose", str(log), *bad)
+        assert p.returncode == 2 and says in p.stderr, (bad, p.stderr)
 
 
 def test_cli_json_report_and_plot(tmp_path):
@@ -535,3 +548,30 @@ def test_damage_read_from_the_reward_is_a_proxy_and_needs_its_noise():
     collapse = RunLog({"step": t, "reward": rng.binomial(8, p) / 8}, "x", "csv")
     lead = lead_time(diagnose(collapse), collapse)
     assert lead.proxy and lead.damage_step is not None and 150 < lead.damage_step < 220, lead
+
+
+@pytest.mark.unit
+def test_relative_rows_see_no_change_below_their_floors():
+    """A loss that grows from 2e-8 to 3e-5 and a gradient norm from 6e-6 to 0.2 (every group without signal, then
+    some: float32 rounding, then a real step) are not a blow-up or a spike; the same rises from real scales are."""
+    rng = np.random.default_rng(0)
+    n = 300
+    tiny = np.abs(2e-8 * (1 + 0.3 * rng.standard_normal(n)))
+    tiny[200:] = 3e-5 * (1 + 0.3 * rng.standard_normal(n - 200))
+    grad = np.abs(6e-6 * (1 + 0.3 * rng.standard_normal(n)))
+    grad[150] = 0.2
+    base = zoo.make(zoo.healthy, 0)
+    quiet = RunLog({**base.series, "loss": tiny, "grad_norm": grad}, "floors", "sentinel", max_new_tokens=64)
+    fired = {c.id for c in diagnose(quiet).conditions}
+    assert not fired & {"loss_blowup", "loss_spike", "grad_norm_spike"}, fired
+    loud = RunLog({**base.series, "loss": tiny * 1e4, "grad_norm": grad * 1e4}, "scaled", "sentinel", max_new_tokens=64)
+    fired = {c.id for c in diagnose(loud).conditions}
+    assert {"loss_blowup", "grad_norm_spike"} <= fired, fired
+
+
+@pytest.mark.unit
+def test_a_catastrophic_loss_spike_is_critical_and_a_large_one_a_warning():
+    pages = {gen: {(c.id, c.severity) for c in diagnose(zoo.make(gen, 0)).conditions if c.id == "loss_spike"}
+             for gen in (zoo.loss_spike, zoo.loss_catastrophe)}
+    assert pages[zoo.loss_spike] == {("loss_spike", "warning")}
+    assert pages[zoo.loss_catastrophe] == {("loss_spike", "critical")}

@@ -161,10 +161,11 @@ def test_a_cap_is_inferred_only_from_a_pile_up(tmp_path):
     assert load(tmp_path / "b.csv").max_new_tokens == 512
 
 
-def test_a_jsonl_without_steps_is_a_clear_error(tmp_path):
-    (tmp_path / "x.jsonl").write_text('{"reward": 1}\n{"reward": 2}\n')
-    with pytest.raises(IngestError, match="no step column"):
-        load(tmp_path / "x.jsonl")
+def test_a_log_without_steps_is_read_in_row_order_and_says_so(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"reward": 1}\n{"reward": 2}\n{"reward": 0.5}\n')
+    log = load(tmp_path / "x.jsonl")
+    assert list(log.series["step"]) == [1, 2, 3] and list(log.series["reward"]) == [1, 2, 0.5]
+    assert any("no step column" in n and "rows are numbered in order" in n for n in log.notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,3 +449,87 @@ def test_the_benchmarks_diagnose_with_thresholds_a_run_may_set():
     default, changed = (run_one(CORPUS / "book-ch06-no-kl-1024", changed=c) for c in (None, {"loss_blowup_factor": 1e6}))
     assert "loss_blowup" in default.critical and "loss_blowup" not in changed.critical
     assert set(default.critical) - {"loss_blowup"} == set(changed.critical) and default.warning == changed.warning
+
+
+# --- the logs of 2026: names by meaning, several record kinds a step, W&B exports -----------------------------
+
+def test_tinker_cookbook_metrics_are_read_by_meaning(tmp_path):
+    """The Tinker cookbook's metrics.jsonl: env/all/... and optim/... names, progress/* bookkeeping, a held-out
+    test/env/all/correct every 5 steps, and the sampler-vs-trainer KL (the train/inference mismatch, not KL to
+    the reference)."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for s in range(60):
+        row = {"step": s, "progress/batch": s, "progress/done_frac": s / 60, "env/all/reward/total": 0.3 + 0.005 * s,
+               "env/all/correct": 0.3 + 0.005 * s, "env/all/format": 1.0, "env/all/ac_tokens_per_turn": 120.0 + s,
+               "optim/entropy": 0.5 + 0.01 * rng.standard_normal(), "optim/kl_sample_train_v1": 1e-4,
+               "optim/kl_sample_train_v2": 2e-4, "optim/lr": 4e-5, "time/total": 12.0}
+        if s % 5 == 0:
+            row["test/env/all/correct"] = 0.3 + 0.004 * s
+        lines.append(json.dumps(row))
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    log = load(tmp_path / "metrics.jsonl")
+    read = {r.split(" -> ")[-1]: r.split(" -> ")[0] for r in log.read}
+    assert read["reward"] == "env/all/reward/total" and read["train_acc"] == "env/all/correct"
+    assert read["entropy"] == "optim/entropy" and read["response_len"] == "env/all/ac_tokens_per_turn"
+    assert read["mismatch_kl"] == "optim/kl_sample_train_v2" and "kl" not in read
+    assert read["sample_acc"] == "test/env/all/correct" and log.series["sample_acc"][5] == pytest.approx(0.32)
+    assert noted(log, "progress/done_frac (no row reads it)")
+
+
+def test_several_record_kinds_a_step_are_one_row_and_an_evaluation_is_never_a_resume(tmp_path):
+    """A course-style loop: rollout, train and (every 5 steps) eval records per GRPO step, keyed by grpo_step
+    and optimizer_step. One row a step; the eval record's accuracy is the held-out accuracy of its step; the
+    answer accuracy, not the format accuracy, is the correctness."""
+    lines = []
+    for s in range(1, 31):
+        lines.append({"type": "rollout", "grpo_step": s, "reward": 0.2 + 0.01 * s, "answer_accuracy": 0.2 + 0.01 * s,
+                      "format_accuracy": 0.9, "avg_response_token_length": 300.0})
+        lines.append({"type": "train", "grpo_step": s, "optimizer_step": s, "loss": 0.01, "grad_norm": 0.3,
+                      "token_entropy": 0.8, "approx_kl": 1e-3})
+        if s % 5 == 0:
+            lines.append({"type": "eval", "grpo_step": s, "reward": 0.25, "format_accuracy": 0.95, "answer_accuracy": 0.25})
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    log = load(tmp_path / "metrics.jsonl")
+    assert list(log.series["step"]) == list(range(1, 31))  # every training step once: no "resume" dropped any
+    read = {r.split(" -> ")[-1]: r.split(" -> ")[0] for r in log.read}
+    assert read["step"] == "grpo_step" and read["train_acc"] == "answer_accuracy" and read["entropy"] == "token_entropy"
+    assert read["sample_acc"] == "eval/answer_accuracy" and log.series["sample_acc"][4] == 0.25
+    assert np.isnan(log.series["sample_acc"][3]) and noted(log, "merged by step into 30 rows")
+    assert not any("resumed" in n for n in log.notes)
+
+
+def test_evaluation_rows_at_a_training_step_join_it_and_a_real_resume_still_reads_as_one(tmp_path):
+    rows = [{"step": s, "loss": 0.01, "reward": 0.5} for s in range(1, 21)]
+    for s in (10, 20):  # evaluations logged as rows of their own, at the step they evaluate
+        rows.insert(next(i for i, r in enumerate(rows) if r["step"] == s) + 1, {"step": s, "eval/pass_at_1": 0.4})
+    rows += [{"step": s, "loss": 0.02, "reward": 0.6} for s in range(15, 25)]  # resumed from step 15's checkpoint
+    (tmp_path / "log.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    log = load(tmp_path / "log.jsonl")
+    assert list(log.series["step"]) == list(range(1, 25)) and log.series["sample_acc"][9] == 0.4
+    assert log.series["reward"][14] == 0.6 and any("resumed at step 15" in n for n in log.notes)
+
+
+def test_a_wandb_history_export(tmp_path):
+    """prime-rl's runs as W&B exports them: _step, _runtime, _timestamp, the orchestrator's and the trainer's
+    names, the mismatch columns."""
+    cols = {"_step": np.arange(0, 80.0), "_runtime": np.arange(80.0) * 30, "_timestamp": 1.7e9 + np.arange(80.0),
+            "reward/mean": np.linspace(0.2, 0.5, 80), "entropy/mean": np.full(80, 0.6), "loss/mean": np.full(80, 1e-3),
+            "optim/grad_norm": np.full(80, 0.2), "mismatch_kl/mean": np.full(80, 1e-3), "mismatch_kl/max": np.full(80, 0.1),
+            "is_masked/mean": np.full(80, 0.01), "seq_len/mean": np.full(80, 400.0)}
+    csv_log(tmp_path / "history.csv", cols)
+    log = load(tmp_path / "history.csv")
+    read = {r.split(" -> ")[-1]: r.split(" -> ")[0] for r in log.read}
+    assert read == {"step": "_step", "reward": "reward/mean", "entropy": "entropy/mean", "loss": "loss/mean",
+                    "grad_norm": "optim/grad_norm", "mismatch_kl": "mismatch_kl/mean", "is_masked_frac": "is_masked/mean",
+                    "response_len": "seq_len/mean"}
+    assert noted(log, "_runtime (W&B's seconds since the run started)") and noted(log, "mismatch_kl/max (no row reads it)")
+
+
+def test_a_reward_component_that_never_pays_is_not_the_correctness(tmp_path):
+    cols = {"step": np.arange(1, 41.0), "reward": np.linspace(0.2, 0.6, 40), "rewards/correctness_reward/mean": np.zeros(40),
+            "rewards/accuracy_reward/mean": np.linspace(0.2, 0.6, 40)}
+    csv_log(tmp_path / "m.csv", cols)
+    log = load(tmp_path / "m.csv")
+    assert noted(log, "reward_correctness_reward is 0 on every row while the reward is not: not read as the correctness")
+    assert log.series["train_acc"][-1] == pytest.approx(0.6)

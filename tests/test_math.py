@@ -114,3 +114,39 @@ def test_token_weights_per_loss_type():
     assert torch.allclose(gm.token_weights(mask, "dapo", 4), torch.tensor([[0.2] * 4, [0.2, 0, 0, 0]]))
     # dr_grpo: 1 / (2 sequences * 4 max tokens) = 1/8 per token
     assert gm.token_weights(mask, "dr_grpo", 4).tolist() == [[1 / 8] * 4, [1 / 8, 0, 0, 0]]
+
+
+# --- the train/inference mismatch and its correction (TRL 1.16's four modes) ---------------------------------
+
+def test_importance_weights_truncate_and_mask_by_token_and_by_sequence():
+    """Two sequences of two tokens, log p_trainer - log p_sampler = [[ln 2, ln 2], [ln 4, 0]], clip [0.5, 3]:
+    token ratios [[2, 2], [4, 1]]; sequence ratios (products) [4, 4].
+      token_truncate:    [[2, 2], [3, 1]]   (4 -> 3)                     changed [[0, 0], [1, 0]]
+      token_mask:        [[2, 2], [0, 1]]   (4 > 3 -> 0)                 changed [[0, 0], [1, 0]]
+      sequence_truncate: [[3, 3], [3, 3]]   (4 > 3 -> 3, every token)    changed everywhere
+      sequence_mask:     [[0, 0], [0, 0]]   (4 > 3 -> 0)                 changed everywhere
+    A padded token (mask 0) weighs 0 and never counts as changed."""
+    ln2, ln4 = torch.log(torch.tensor(2.0)), torch.log(torch.tensor(4.0))
+    d = torch.tensor([[ln2, ln2, 7.0], [ln4, 0.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    want = {"token_truncate": ([[2, 2, 0], [3, 1, 0]], [[0, 0, 0], [1, 0, 0]]),
+            "token_mask": ([[2, 2, 0], [0, 1, 0]], [[0, 0, 0], [1, 0, 0]]),
+            "sequence_truncate": ([[3, 3, 0], [3, 3, 0]], [[1, 1, 0], [1, 1, 0]]),
+            "sequence_mask": ([[0, 0, 0], [0, 0, 0]], [[1, 1, 0], [1, 1, 0]]),
+            "none": ([[1, 1, 0], [1, 1, 0]], [[0, 0, 0], [0, 0, 0]])}
+    for mode, (w, changed) in want.items():
+        got, ch = gm.importance_weights(d, mask, mode, 0.5, 3.0)
+        assert torch.allclose(got, torch.tensor(w, dtype=torch.float32), atol=1e-5), mode
+        assert ch.tolist() == [[bool(x) for x in r] for r in changed], mode
+    # A lower bound: token ratio 0.25 (log -ln 4) is below 0.5: truncated up to 0.5, or masked to 0; no bound, kept.
+    low = torch.tensor([[-ln4]])
+    assert gm.importance_weights(low, torch.ones(1, 1), "token_truncate", 0.5, 3.0)[0].item() == pytest.approx(0.5)
+    assert gm.importance_weights(low, torch.ones(1, 1), "token_mask", 0.5, 3.0)[0].item() == 0.0
+    assert gm.importance_weights(low, torch.ones(1, 1), "token_mask", None, 3.0)[0].item() == pytest.approx(0.25)
+
+
+def test_mismatch_k3_is_zero_when_they_agree_and_grows_with_the_gap():
+    """k3 = r - log r - 1: at log r = 0 it is 0; at log r = ln 2, 2 - 0.6931 - 1 = 0.3069; at -ln 2, 0.5 + 0.6931 - 1 =
+    0.1931 (asymmetric, always >= 0)."""
+    d = torch.tensor([0.0, float(torch.log(torch.tensor(2.0))), -float(torch.log(torch.tensor(2.0)))])
+    assert gm.mismatch_k3(d).tolist() == pytest.approx([0.0, 0.3069, 0.1931], abs=1e-4)

@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from grpo_sentinel.service.demo import build_tokenizer
 from grpo_sentinel.service.grpo import lora
 from grpo_sentinel.service.grpo.decoder import Decoder
-from grpo_sentinel.service.grpo.rollout import completion_logits, decode, position_ids, sample, sampling_draw
+from grpo_sentinel.service.grpo.rollout import SamplingDraw, completion_logits, decode, position_ids, sample
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3=", "61+19=", "8+80="]
@@ -110,7 +110,7 @@ def test_fast_step_gives_hf_forward_probabilities_along_its_own_trajectory(model
 
     def draw(logits):
         seen.append(logits)
-        return sampling_draw(1.0, 1.0)(logits)
+        return SamplingDraw(1.0, 1.0)(logits)
 
     torch.manual_seed(5)
     with torch.no_grad(), lora.folded(model) as net:
@@ -141,7 +141,7 @@ def test_a_step_the_device_will_not_capture_decodes_eagerly(model, tokenizer, ca
     with torch.no_grad(), lora.folded(model) as net:
         for name, capture in (("eager", None), ("refused", refuse)):
             torch.manual_seed(3)
-            out[name] = decode(net, enc["input_ids"], enc["attention_mask"], row, 8, draw=sampling_draw(1.0, 1.0),
+            out[name] = decode(net, enc["input_ids"], enc["attention_mask"], row, 8, draw=SamplingDraw(1.0, 1.0),
                                eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
                                step=dataclasses.replace(Decoder.of(net), capture=capture))
     assert len(out["refused"]) == len(row) and torch.equal(out["refused"], out["eager"])

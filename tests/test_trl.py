@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 
 import trl_run
 from grpo_sentinel.integrations import trl_stats
-from grpo_sentinel.integrations.trl import NOT_FED, SUPPORTED, SentinelCallback, SentinelSetupError
+from grpo_sentinel.integrations.trl import NOT_FED, SUPPORTED, WITH_VLLM, SentinelCallback, SentinelSetupError
 from grpo_sentinel.telemetry import dashboard, runfiles
 from grpo_sentinel.telemetry.catalogue import CATALOGUE
 from helpers import REPO, cli, free_port, prometheus_server, query_range, wait_for
@@ -73,9 +73,9 @@ def run(tmp_path_factory, demo_dir):
 
 
 def test_prometheus_scrapes_every_series_trl_can_feed_and_none_it_cannot(run):
-    fed = {n for m in CATALOGUE if m.name not in NOT_FED for n in m.prometheus_names()}
+    fed = {n for m in CATALOGUE if m.name not in {*NOT_FED, *WITH_VLLM} for n in m.prometheus_names()}
     assert fed <= run["names"], f"TRL feeds these, the scrape lacks them: {sorted(fed - run['names'])}"
-    absent = {n for m in CATALOGUE if m.name in NOT_FED for n in m.prometheus_names()}
+    absent = {n for m in CATALOGUE if m.name in {*NOT_FED, *WITH_VLLM} for n in m.prometheus_names()}  # no vLLM here
     assert not absent & run["names"], "a series TRL cannot feed was invented"
     # Counted once per optimizer step and per completion (4 prompts x G = 4 a step).
     assert run["last"] == {"grpo_steps_total": STEPS, "grpo_completions_total": STEPS * 16, "grpo_reward_count": STEPS * 16}

@@ -179,8 +179,72 @@ def reward_hacking(rng):
 
 
 def loss_spike(rng):
+    """One update whose |loss| is ~300x the median of the steps before (0.5 among losses of ~0.002): a warning."""
+    s = _healthy(rng)
+    s["loss"][ONSET] = 0.5
+    return s
+
+
+def loss_catastrophe(rng):
+    """One update four and a half orders of magnitude over the loss's scale (50 among ~0.002), as a summed
+    loss of 6e11 among losses of ~1: critical at once; the run goes on unharmed (the step was skipped)."""
     s = _healthy(rng)
     s["loss"][ONSET] = 50.0
+    return s
+
+
+def policy_collapse(rng):
+    """Healthy until the onset, then one answer for every prompt: every group alike (all wrong), the reward
+    the same 0.25 at every step (what the answer's format earns, whatever the prompt), the loss exactly 0 and
+    the KL frozen; the held-out accuracy collapses with it."""
+    p = _decline(0.6, 0.0, 0)
+    p[ONSET:] = 0.0
+    s = _with_p(rng, p)
+    s.update(reward=np.where(np.arange(N) >= ONSET, 0.25, s["reward"]), train_acc=np.where(np.arange(N) >= ONSET, 0.0,
+                                                                                            s["train_acc"]))
+    s["frac_zero_std"][ONSET:], s["frac_zero_std_wrong"][ONSET:], s["frac_zero_std_correct"][ONSET:] = 1.0, 1.0, 0.0
+    s["loss"][ONSET:] = 0.0
+    s["kl"][ONSET:] = s["kl"][ONSET - 1]
+    return s
+
+
+def _mismatch(rng, level: np.ndarray) -> np.ndarray:
+    """A step's mismatch KL around `level`: a token mean over ~2,000 tokens, log-normal step to step (sd 20 %)."""
+    return level * np.exp(0.2 * rng.standard_normal(N))
+
+
+def healthy_bf16_mismatch(rng):
+    """Healthy, sampled in bf16 and trained in fp32: a steady mismatch KL of ~1e-3, noisy, never growing."""
+    s = _healthy(rng)
+    s["mismatch_kl"] = _mismatch(rng, np.full(N, 1e-3))
+    return s
+
+
+def mismatch_growth(rng):
+    """The sampler drifting from the trainer (Yao et al. 2025): the mismatch KL ~1e-4 until the onset, then doubling
+    every 16 steps (1e-3 some 53 steps in, ~0.07 at the end); the accuracy goes 60 steps after the onset."""
+    s = _with_p(rng, _decline(0.6, 0.1, 60))
+    level = np.full(N, 1e-4)
+    level[ONSET:] = 1e-4 * 2 ** (np.arange(N - ONSET) / 16)
+    s["mismatch_kl"] = _mismatch(rng, level)
+    return s
+
+
+def sampler_desync(rng):
+    """Sampler and trainer agree to float32 rounding (k3 ~1e-13) until a weight hand-over is missed at the onset:
+    the sampler keeps serving the old adapter while the policy moves on (k3 5e-3, growing)."""
+    s = _with_p(rng, _decline(0.6, 0.2, 40))
+    level = np.full(N, 1e-13)
+    level[ONSET:] = np.linspace(5e-3, 0.05, N - ONSET)
+    s["mismatch_kl"] = _mismatch(rng, level)
+    return s
+
+
+def capped_unrewarded(rng):
+    """Every completion cut at the cap from the first step and every reward 0 (a cold start whose answers never
+    fit): nothing can be learned, whatever the early level."""
+    s = _with_p(rng, np.zeros(N), 0.0)
+    s.update(truncation_rate=np.ones(N), response_len=np.full(N, float(MAX_NEW)))
     return s
 
 
@@ -1722,6 +1786,12 @@ ZOO = {
     late_degradation: ({"late_degradation"}, {"reward_hacking"}),
     reward_hacking: ({"reward_hacking"}, {"late_degradation"}),
     loss_spike: ({"loss_spike"}, {"critical", "kl_only_learning"}),  # a spike is not a falling loss
+    loss_catastrophe: ({"loss_spike"}, {"kl_only_learning"}),  # critical: four orders of magnitude in one update
+    policy_collapse: ({"policy_collapse"}, set()),
+    capped_unrewarded: ({"length_capped"}, set()),
+    healthy_bf16_mismatch: (set(), {"critical", "train_inference_mismatch"}),
+    mismatch_growth: ({"train_inference_mismatch"}, set()),
+    sampler_desync: ({"train_inference_mismatch"}, set()),
     # Lengths creeping to the cap, 90 % cut by the end: length_drift's warning held while it worsens is
     # escalated to critical (cut answers are not graded; this generator leaves the accuracy alone, which
     # a real run would not: relabelled from "no critical" with the escalation, docs/lead-time.md).
@@ -1753,6 +1823,7 @@ FROM_START = (
     plateau_grader_loose,
     no_progress,
     kl_offset,
+    capped_unrewarded,
 )  # no onset: there all along
 
 

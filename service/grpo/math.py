@@ -126,3 +126,35 @@ def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int, n_seq
     if loss_type == "dr_grpo":
         return mask / (n_seq * max_new_tokens)
     raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def importance_weights(log_ratio: torch.Tensor, mask: torch.Tensor, mode: str, clip_min: float | None,
+                       clip_max: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The train/inference importance-sampling correction, as TRL 1.16 defines it
+    (trl/trainer/grpo_trainer.py, `_generate_and_score_completions`; grpo_config.py `vllm_importance_sampling_*`).
+
+    log_ratio [B, T]: log p_trainer - log p_sampler of each sampled token (the trainer's log-prob at the weights
+    that sampled it); mask [B, T]. token modes weigh each token by its ratio r_t = exp(log_ratio); sequence modes
+    weigh every token of a sequence by the product of its tokens' ratios, exp(sum_t mask * log_ratio). truncate:
+    min(max(r, clip_min), clip_max); mask: r where clip_min <= r <= clip_max, else 0 (a bound that is None does
+    not bound). Returns (weights [B, T], changed [B, T]: the tokens whose weight the bounds truncated or masked),
+    0 outside the mask; mode "none": weights 1 where masked, nothing changed.
+    """
+    if mode == "none":
+        return mask.clone(), torch.zeros_like(mask, dtype=torch.bool)
+    d = log_ratio * mask
+    if mode.startswith("sequence"):
+        d = d.sum(1, keepdim=True).expand_as(mask)  # [B, T]: the sequence's log-ratio on each of its tokens
+    ratio = torch.exp(d)
+    lo = torch.full_like(ratio, -torch.inf if clip_min is None else clip_min)
+    hi = torch.full_like(ratio, torch.inf if clip_max is None else clip_max)
+    outside = (ratio < lo) | (ratio > hi)
+    weights = torch.where(outside, 0.0, ratio) if mode.endswith("mask") else torch.minimum(torch.maximum(ratio, lo), hi)
+    return weights * mask, outside & mask.bool()
+
+
+def mismatch_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(sampler || trainer) from tokens the sampler drew: r - log r - 1 with
+    log r = log p_trainer - log p_sampler (prime-rl's `mismatch_kl`); >= 0. [B, T]. As expm1(d) - d, which
+    keeps the d^2 / 2 of a tiny gap (~1e-7 between two float32 forwards) that exp(d) - d - 1 rounds away."""
+    return (torch.expm1(log_ratio) - log_ratio).clamp_min(0)

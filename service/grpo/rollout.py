@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
@@ -40,10 +41,20 @@ class Rollout:
     texts: list[str]  # decoded completions, special tokens dropped
     prompt_lengths: torch.Tensor  # [B] real (unpadded) prompt tokens
     prompt_index: torch.Tensor  # [B] which distinct prompt each sequence continues (a group's G share one)
+    # [B, T] the sampler's log-prob of each completion token under the distribution it drew from (temperature and
+    # top-p applied: vLLM's processed_logprobs), 0 after EOS; None for greedy decoding. The step compares it with
+    # the trainer's: the train/inference mismatch.
+    logprobs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:  # [B] completion tokens, EOS included
         return self.completion_mask.sum(1)
+
+
+class Sampler(Protocol):
+    """A rollout backend: G completions of each prompt (repeated G times), with the sampler's log-probs."""
+
+    def __call__(self, prompts: list[str], *, max_new_tokens: int, temperature: float, top_p: float) -> Rollout: ...
 
 
 @torch.no_grad()
@@ -56,9 +67,9 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     row = torch.tensor([index[p] for p in prompts], device=model.device)  # [B] sequence -> its prompt
     tokenizer.padding_side = "left"  # generation appends on the right, so prompts align there
     enc = tokenizer(list(index), return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    draw = greedy_draw if greedy else SamplingDraw(temperature, top_p)
     with lora.folded(model) as net:
-        completion = decode(net, enc["input_ids"], enc["attention_mask"], row, max_new_tokens,
-                            draw=greedy_draw if greedy else sampling_draw(temperature, top_p),
+        completion = decode(net, enc["input_ids"], enc["attention_mask"], row, max_new_tokens, draw=draw,
                             eos=tokenizer.eos_token_id, pad=tokenizer.pad_token_id,
                             step=None if exact else Decoder.of(net))
     prompt_ids, prompt_mask = enc["input_ids"][row], enc["attention_mask"][row]  # [B, Lp]
@@ -66,6 +77,7 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
     # Tokens up to and including the first EOS are the completion; everything after is padding.
     after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
     mask = (~after_eos).float()
+    logprobs = None if greedy else torch.stack(draw.logprobs, 1)[:, : completion.shape[1]] * mask  # [B, T]
     return Rollout(
         input_ids=torch.cat([prompt_ids, completion], dim=1),
         attention_mask=torch.cat([prompt_mask, mask.long()], dim=1),
@@ -75,6 +87,7 @@ def sample(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempera
         texts=tokenizer.batch_decode(completion.masked_fill(after_eos, tokenizer.pad_token_id), skip_special_tokens=True),
         prompt_lengths=prompt_mask.sum(1),
         prompt_index=row,
+        logprobs=logprobs,
     )
 
 
@@ -199,23 +212,29 @@ def greedy_draw(logits: torch.Tensor) -> torch.Tensor:
     return _finite(logits).argmax(-1)
 
 
-def sampling_draw(temperature: float, top_p: float):
+class SamplingDraw:
     """generate(do_sample=True, temperature, top_p, top_k=0, remove_invalid_values=True)'s draw, processor
     for processor and in its order: non-finite logits must not crash sampling (the step's loss guard
-    sees them again in the training forward pass and skips the update)."""
-    warpers = []
-    if temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
-    if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
+    sees them again in the training forward pass and skips the update). It keeps each drawn token's
+    log-probability under the distribution it was drawn from (`logprobs`, [B] a call): one gather and a log
+    of the probabilities the draw computes anyway."""
 
-    def draw(logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
+    def __init__(self, temperature: float, top_p: float):
+        self.warpers = []
+        if temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:  # [B, V] -> [B]
         logits = _finite(logits)
-        for w in warpers:
+        for w in self.warpers:
             logits = w(None, logits)
-        return _race(torch.softmax(logits, dim=-1))
-
-    return draw
+        probs = torch.softmax(logits, dim=-1)
+        token = _race(probs)
+        self.logprobs.append(probs.gather(-1, token[:, None]).squeeze(-1).log())
+        return token
 
 
 def _race(probs: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,39 @@ def _output(path: Path | None, flag: str, suffix: str) -> str | None:
     return None
 
 
+def reading(step_column: str | None, maps: list[str]):
+    """--step-column and --map (OURS=THEIRS, or a YAML file of `ours: theirs` lines) as ingest.Reading;
+    ValueError saying what to write."""
+    from grpo_sentinel.telemetry.health.ingest import Reading
+
+    names: dict[str, str] = {}
+    for item in maps:
+        ours, eq, theirs = item.partition("=")
+        if eq:
+            pairs = {ours.strip(): theirs.strip()}
+        else:
+            pairs = _map_file(Path(item))
+        for k, v in pairs.items():
+            if not k or not v:
+                raise ValueError(f"--map {item!r}: write OURS=THEIRS, e.g. --map reward=env/all/reward/total")
+            names[k] = v
+    return Reading(step_column, names)
+
+
+def _map_file(path: Path) -> dict[str, str]:
+    import yaml
+
+    if not path.is_file():
+        raise ValueError(f"--map {path}: neither OURS=THEIRS nor a YAML file (e.g. --map reward=env/all/reward/total)")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"--map {path}: not a readable YAML file ({e})") from None
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise ValueError(f"--map {path}: the file must hold `ours: theirs` lines, e.g. `reward: env/all/reward/total`")
+    return {k.strip(): v.strip() for k, v in raw.items()}
+
+
 def diagnose_command(args) -> int:
     import json
     import math
@@ -54,6 +87,10 @@ def diagnose_command(args) -> int:
     problem = _output(args.report, "--report", ".md") or _output(args.plot, "--plot", ".png")
     if problem:
         return _fail(problem)
+    try:
+        how = reading(args.step_column, args.map)
+    except ValueError as e:
+        return _fail(str(e))
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401  (checked before anything is written)
@@ -66,7 +103,7 @@ def diagnose_command(args) -> int:
     from grpo_sentinel.telemetry.health.thresholds import configured, detector_window
 
     try:
-        log = load(args.path, args.format)
+        log = load(args.path, args.format, how)
     except IngestError as e:
         return _fail(str(e))
     except OSError as e:

@@ -269,6 +269,38 @@ def signal_vanished(c: _Ctx) -> None:
     c.fire("signal_vanished", c.full(c.w) & (ma >= c.th.zero_signal), evidence, gap=c.w // 2)
 
 
+def policy_collapse(c: _Ctx) -> None:
+    """One answer for every prompt: every group without signal on every step of a window (frac_zero_std
+    >= `collapse_zero`) and the step's reward the same from step to step (its window sd within
+    `collapse_reward_sd` of the maximum: prompts of every difficulty get the same outcome), after the run
+    had signal (its early frac_zero_std below `zero_signal`; a run without signal from the start is
+    signal_vanished's reading). Not when every group is right (success: reward_saturated). From then on
+    nothing is learned (advantages 0, the loss exactly 0) while the run looks calm: a policy that learned to
+    always refuse, then to always authorize, pays the same reward at every step."""
+    if not c.need("policy_collapse", "frac_zero_std", "reward"):
+        return
+    z = c.s["frac_zero_std"]
+    early = c.early("collapse_early", c.E, lambda rows: float(np.nanmean(z[rows])))
+    if early is None or not early < c.th.zero_signal:
+        return
+    every = moving_average((z >= c.th.collapse_zero).astype(float), c.w) >= 1 - 1e-9
+    sd = c.sd("reward", c.w) / c.log.max_reward
+    if c.has("frac_zero_std_correct"):
+        right = c.ma("frac_zero_std_correct") >= c.th.collapse_zero
+    else:
+        right = c.ma("reward") >= c.th.saturated * c.log.max_reward
+    loss = c.s.get("loss")
+
+    def evidence(i, j):
+        zero_loss = loss is not None and np.all(loss[max(0, j - c.w + 1):j + 1] == 0)
+        return (f"every group without signal on every step of {c.w}-step windows and the step's reward "
+                f"{c.ma('reward')[j]:.3g} the same from step to step (sd {sd[j] * c.log.max_reward:.2g}), after "
+                f"{100 * early:.0f} % of groups without signal early in the run: one answer for every prompt"
+                + ("; the loss is exactly 0" if zero_loss else ""))
+
+    c.fire("policy_collapse", c.full(c.w) & every & (sd <= c.th.collapse_reward_sd) & ~right, evidence, gap=c.w)
+
+
 def _loss_scale(c: _Ctx) -> np.ndarray:
     """[N] |loss|, NaN where it is 0 or not finite: a step without signal has loss exactly 0 and says
     nothing of the scale."""
@@ -368,21 +400,24 @@ def loss_spike(c: _Ctx) -> None:
     not move. Why 100: the GRPO loss is heavy-tailed; for a Student t with 3 degrees of freedom (the
     heaviest tail with a finite variance worth assuming) P(|T| > 100 x its median |T|) = 5e-6 a step,
     one false warning in 200,000 steps; 10x, the earlier factor, is 5e-3 a step (27 % of healthy
-    300-step runs warned, docs/lead-time.md)."""
+    300-step runs warned). Critical at `loss_catastrophe` (1e4) times it: four orders of magnitude in one
+    update, which no tail gives by chance (a run whose loss:sum reached 6e11 at one step). Neither where
+    the median is below `loss_floor`: a loss that was ~1e-8 (every group without signal) sets no scale."""
     if not c.need("loss_spike", "loss"):
         return
     a = np.abs(c.s["loss"])
     n, med, _ = _loss_blocks(c, 1)
-    mask = (c.row >= c.th.loss_window) & (n >= 5) & (a > c.th.loss_spike_factor * med)
-    c.fire(
-        "loss_spike",
-        mask,
-        lambda i, j: (
-            f"|loss| up to {np.nanmax(a[i : j + 1]):.3g}, over {c.th.loss_spike_factor:g}x "
-            f"the median {np.nanmin(med[i : j + 1]):.3g} of the {c.th.loss_window} steps before"
-        ),
-        gap=c.w,
-    )
+    # A median below the floor (~1e-8: steps without signal, float32 rounding) is no scale to be 100x of.
+    judged = (c.row >= c.th.loss_window) & (n >= 5) & (med >= c.th.loss_floor)
+    catastrophic = judged & (a > c.th.loss_catastrophe * med)
+
+    def evidence(i, j):
+        factor = c.th.loss_catastrophe if catastrophic[i:j + 1].any() else c.th.loss_spike_factor
+        return (f"|loss| up to {np.nanmax(a[i:j + 1]):.3g}, over {factor:g}x the median {np.nanmin(med[i:j + 1]):.3g} of "
+                f"the {c.th.loss_window} steps before")
+
+    c.fire("loss_spike", judged & (a > c.th.loss_spike_factor * med) & ~catastrophic, evidence, severity="warning", gap=c.w)
+    c.fire("loss_spike", catastrophic, evidence, severity="critical", gap=c.w)
 
 
 def loss_blowup(c: _Ctx) -> None:
@@ -427,7 +462,8 @@ def loss_blowup(c: _Ctx) -> None:
     p0 = np.minimum((half + 1) / (n0 + 1), 0.45)
     p1 = np.maximum(c.th.loss_blowup_share, 2 * p0)
     a = np.abs(c.s["loss"])
-    informative = (c.row >= c.th.loss_window) & (n0 >= 5) & np.isfinite(a) & (a > 0)
+    # A reference block whose median is below the floor holds no scale (steps without signal): nothing to test.
+    informative = (c.row >= c.th.loss_window) & (n0 >= 5) & (med >= c.th.loss_floor) & np.isfinite(a) & (a > 0)
     # The growth's shape (fourth pass): where the relative rate falls (_loss_rate_falls: a linear ramp from
     # a small base grows fastest at its start), the scale reached is growth already made, and an update
     # counts only if it is past the last block's maximum too (by exchangeability ~1/(n+1) of updates if
@@ -1180,7 +1216,7 @@ def grad_norm_spike(c: _Ctx) -> None:
     if judged.size:
         windows = np.lib.stride_tricks.sliding_window_view(g, lw)  # [k] = rows k .. k+lw-1
         med[judged] = np.nanmedian(windows[judged - lw], axis=1)
-    hit = (c.row >= lw) & (med > 0) & (g > c.th.grad_spike * med)
+    hit = (c.row >= lw) & (med >= c.th.grad_floor) & (g > c.th.grad_spike * med)  # norms of ~1e-6 set no scale
     c.fire("grad_norm_spike", hit,
            lambda i, j: f"gradient norm up to {np.nanmax(g[i:j + 1]):.3g}, over {c.th.grad_spike:g}x the median "
                         f"{np.nanmin(med[i:j + 1]):.3g} of the {lw} steps before", gap=c.w)
@@ -1205,7 +1241,8 @@ def length_capped(c: _Ctx) -> None:
     """Almost every completion cut at the cap (the truncation rate's window mean at
     `truncation_capped`, 0.9, from below `truncation` early in the run) while the reward is not rising:
     a cut answer is not graded, so groups lose their reward spread and the gradient heads to 0;
-    critical, where length_pathology (half of them cut) is a warning."""
+    critical, where length_pathology (half of them cut) is a warning. Or every completion cut and every
+    reward 0 over a window, from whatever start."""
     if c.has("truncation_rate"):
         t = c.ma("truncation_rate")
 
@@ -1224,10 +1261,91 @@ def length_capped(c: _Ctx) -> None:
     # Heading to 1: the rate came from below length_pathology's level early in the run (a run capped from
     # its first step is a setting, length_pathology's warning). And a run that still learns while capped
     # is grading its cut answers (a JSON that fits, a short final line): the row's premise fails there.
+    # Capped from the start with every reward 0 is no setting to live with: no completion is ever graded, nothing
+    # can be learned (a cold start whose answers never fit the cap), whatever the early level.
+    unpaid = (c.ma("reward") == 0) & c.full(c.w) if c.has("reward") else np.zeros(c.n, dtype=bool)
     t0 = c.early("capped_early", c.E, lambda rows: float(np.nanmean(t[rows])))
-    if t0 is None or t0 >= c.th.truncation:
+    came = t0 is not None and t0 < c.th.truncation
+    capped = c.full(c.w) & (t >= c.th.truncation_capped)
+    c.fire("length_capped", capped & ((came & ~_reward_rising(c)) | (unpaid & (t >= 1 - 1e-9))), what, gap=c.w)
+
+
+def train_inference_mismatch(c: _Ctx) -> None:
+    """The sampler's log-probs drifting from the trainer's for the same tokens (a bf16 sampler for an fp32 trainer,
+    other kernels, a stale or broken weight sync): the token-mean k3 between them (mismatch_kl), or, from a log
+    that has only the mean |log-prob gap| (TRL's sampling/sampling_logp_difference/mean), half its square, a lower
+    bound (k3 ~ d^2 / 2 per token for small gaps, and E d^2 >= (E |d|)^2).
+
+    Warning: its w mean `mismatch_rise` (2) times the run's early level (the median of its first steps), beyond two
+    standard errors of that level's window mean (the early step-to-step noise), and at least `mismatch_floor`.
+    Critical: its w mean at `mismatch_critical` (0.1, where runs are reported collapsed); or one step
+    `mismatch_jump` (10) times the median of the w steps before, or its w mean that many times the early level,
+    either at least `mismatch_jump_floor` (1e-3): a sampler out of sync with the weights, or a drift an order of
+    magnitude past where the run began. It grows before a collapse (Yao et al. 2025; Liu & Li 2025: the gradient
+    norm blows up after it), so it pages before the damage the other rows read."""
+    if c.has("mismatch_kl"):
+        x, what = c.s["mismatch_kl"], "mismatch KL (token-mean k3, sampler vs trainer)"
+    elif c.has("logp_diff_mean"):
+        x, what = 0.5 * c.s["logp_diff_mean"] ** 2, "mismatch KL (at least, from the mean |log-prob gap|: d^2 / 2)"
+    else:
+        c.diag.not_assessable["train_inference_mismatch"] = "the log has no mismatch_kl or logp_diff_mean"
         return
-    c.fire("length_capped", c.full(c.w) & (t >= c.th.truncation_capped) & ~_reward_rising(c), what, gap=c.w)
+    w, th = c.w, c.th
+
+    def stats(rows):
+        head = x[rows]
+        level = float(np.nanmedian(head)) if np.isfinite(head).any() else math.nan
+        return level, diff_noise(head) if np.isfinite(head).sum() >= 3 else 0.0
+
+    early = c.early("mismatch_early", c.E, stats)
+    ma = moving_average(x, w)
+    before = np.full(c.n, np.nan)  # the median of the w steps before each judged row
+    judged = np.flatnonzero(np.arange(c.n) >= max(c.start, w))
+    if judged.size:
+        before[judged] = np.nanmedian(np.lib.stride_tricks.sliding_window_view(x, w)[judged - w], axis=1)
+    jump = (x >= th.mismatch_jump * before) & (x >= th.mismatch_jump_floor)
+    level = c.full(w) & (ma >= th.mismatch_critical)
+    rise = np.zeros(c.n, dtype=bool)
+    if early is not None and np.isfinite(early[0]):
+        m0, noise = early
+        rise = (c.full(w) & (ma >= th.mismatch_rise * m0) & (ma - m0 > 2 * math.sqrt(2) * noise / math.sqrt(w))
+                & (ma >= th.mismatch_floor))
+    context = _mismatch_context(c.log)
+
+    def evidence(i, j):
+        k = i + int(np.nanargmax(np.where(np.isfinite(x[i:j + 1]), x[i:j + 1], -np.inf)))
+        text = f"{what} {w}-step mean up to {np.nanmax(ma[i:j + 1]):.3g}"
+        if early is not None and np.isfinite(early[0]):
+            text += f" vs {early[0]:.3g} early in the run"
+        if jump[i:j + 1].any():
+            text += f"; step {int(c.steps[k])} at {x[k]:.3g}, {x[k] / max(before[k], 1e-300):.3g}x the {w} steps before"
+        return text + (f" ({context})" if context else "")
+
+    # An order of magnitude above the run's own level, held a window (the jump, sustained; or a slow rise that got there)
+    sustained = np.zeros(c.n, dtype=bool)
+    if early is not None and np.isfinite(early[0]):
+        sustained = c.full(w) & (ma >= th.mismatch_jump * early[0]) & (ma >= th.mismatch_jump_floor)
+    critical = level | jump | sustained
+    c.fire("train_inference_mismatch", rise & ~critical, evidence, severity="warning", gap=w)
+    c.fire("train_inference_mismatch", critical, evidence, severity="critical", gap=w)
+
+
+def _mismatch_context(log) -> str:
+    """What biases the mismatch: the precisions of sampler and trainer, temperature and top_p (a sampler's
+    log-probs are renormalised over its nucleus where the trainer's are not: a gap by construction), and whether
+    the ratio was logged raw or after a correction truncated or masked it."""
+    sm, sp = log.sampler, log.sampling
+    parts = []
+    if sm.get("backend"):
+        parts.append(f"sampler {sm['backend']}" + (f" in {sm['sampler_dtype']}" if sm.get("sampler_dtype") else "")
+                     + (f", trainer in {sm['trainer_dtype']}" if sm.get("trainer_dtype") else ""))
+    if sp:
+        top_p = sp.get("top_p", 1.0)
+        parts.append(f"temperature {sp.get('temperature', 1.0):g}, top_p {top_p:g}"
+                     + (" (the sampler renormalises over its nucleus: a gap by construction)" if top_p < 1 else ""))
+    if sm.get("ratio"):
+        parts.append(f"importance ratio {sm['ratio']}")
+    return "; ".join(parts)
 
 
 def repetition(c: _Ctx) -> None:
@@ -1244,7 +1362,7 @@ def repetition(c: _Ctx) -> None:
                         f"({c.w}-step mean; threshold {100 * c.th.repetition:.0f} %)", gap=c.w)
 
 
-DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, loss_spike, loss_blowup,
+DETECTORS = [adv_mean_drift, nonfinite, reward_saturated, signal_vanished, policy_collapse, loss_spike, loss_blowup,
              late_degradation_and_reward_hacking, correctness_drop_and_training_reward_hacking, entropy_rows, kl_rows,
              length_pathology, length_drift, all_wrong_rising, small_group_loose_grader_kl_only_learning, no_progress,
-             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition]
+             zero_gradient, grad_norm_spike, clip_imbalance, length_capped, repetition, train_inference_mismatch]

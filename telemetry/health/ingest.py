@@ -26,12 +26,24 @@ import csv
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from grpo_sentinel.telemetry.health.runlog import CORRECTNESS, RunLog, component_kind
 from grpo_sentinel.telemetry.health.thresholds import coerce
+from grpo_sentinel.telemetry.health.vocabulary import (
+    ALIASES,
+    BY_ALIAS,
+    EVAL_ACCURACY,
+    FORM,
+    IGNORED,
+    STEP_KEYS,
+    component,
+    is_eval_key,
+    meaning,
+)
 from grpo_sentinel.telemetry.runfiles import RUN_INFO, read_run_info
 
 
@@ -39,79 +51,22 @@ class IngestError(ValueError):
     """The input cannot be read as a run log; the message says why and what was expected."""
 
 
-# Our name -> the names logs in the wild use for it, in order of preference (lower-cased; the
-# first present wins, the others are listed as ignored duplicates). KL: only KL to the reference;
-# PPO's old-vs-new policy KL (approx_kl, actor/ppo_kl) measures one update, not drift (IGNORED).
-ALIASES: dict[str, tuple[str, ...]] = {
-    "step": ("step", "global_step", "train/global_step", "training/global_step", "trainer/global_step", "_step",
-             "iteration", "system/step"),
-    "reward": ("reward", "reward_avg", "rewards_avg", "reward_mean", "rewards/mean", "train/reward",
-               "critic/score/mean", "critic/rewards/mean", "rewards", "avg_reward", "env/reward_mean", "mean_reward"),
-    "kl": ("kl", "kl_mean", "kl_avg", "kl_loss", "kl_div", "kl_divergence", "objective/kl", "actor/kl_loss", "actor/kl",
-           "critic/kl", "train/kl", "policy/kl", "kl_to_ref", "ref_kl"),
-    "loss": ("loss", "train/loss", "training loss", "policy_loss", "actor/pg_loss", "pg_loss", "actor/loss",
-             "train/policy_loss", "loss/policy"),  # training loss: the Trainer's notebook table
-    "entropy": ("entropy", "entropy_avg", "entropy_mean", "actor/entropy", "actor/entropy_loss", "policy/entropy",
-                "train/entropy", "objective/entropy"),
-    "entropy_norm": ("entropy_norm",),
-    "adv_mean": ("adv_mean", "adv_avg", "advantages/mean"),  # not verl's critic/advantages/mean (IGNORED)
-    "adv_std": ("adv_std", "advantages/std"),
-    "frac_zero_std": ("frac_zero_std", "frac_reward_zero_std", "advantage/zero_rate"),
-    "frac_zero_std_correct": ("frac_zero_std_correct",),
-    "frac_zero_std_wrong": ("frac_zero_std_wrong",),
-    "train_acc": ("train_acc", "train_accuracy", "train_accuracies_avg", "train/accuracy", "critic/acc/mean",
-                  "acc/mean", "accuracy"),
-    "reward_std": ("reward_std", "rewards/std", "critic/score/std"),
-    "response_len": ("response_len", "avg_response_len", "completions/mean_length", "response_length/mean",
-                     "response_length", "completion_length", "mean_length", "generate_len"),
-    "response_len_max": ("completions/max_length", "response_length/max", "max_response_len"),
-    "response_len_correct": ("response_len_correct",),
-    "response_len_wrong": ("response_len_wrong",),
-    "truncation_rate": ("truncation_rate", "completions/clipped_ratio", "response_length/clip_ratio", "clipped_ratio",
-                        "truncated_ratio", "length/cap_hit_rate"),
-    "repetition": ("repetition",),  # ours: seq-rep-4 per completion, the step's mean
-    "clip_frac": ("clip_frac", "actor/pg_clipfrac", "clip_ratio/region_mean", "clip_ratio", "pg_clipfrac"),
-    "clip_low": ("clip_low", "clip_ratio/low_mean"),  # TRL: share of tokens clipped at 1 - epsilon (negative advantages)
-    "clip_high": ("clip_high", "clip_ratio/high_mean"),  # ... at 1 + epsilon_high (positive advantages)
-    "grad_norm": ("grad_norm", "actor/grad_norm", "train/grad_norm"),
-    "lr": ("lr", "learning_rate", "actor/lr", "actor_lr", "train/learning_rate"),
-    "step_time": ("step_time", "timing_s/step", "time/step"),
-    "tokens_per_s": ("tokens_per_s", "tokens_per_sec"),
-    "sample_acc": ("sample_acc", "eval_acc", "eval_accuracy", "eval/accuracy", "val/accuracy", "val/acc", "test_acc"),
-    "greedy_acc": ("greedy_acc",),
-    "eval_n": ("eval_n",),
-    "steps_in_row": ("steps_in_row",),  # our record: optimizer steps a row's means cover (TRL's logging_steps)
-}
-_BY_ALIAS = {a: name for name, aliases in ALIASES.items() for a in aliases}
-# Columns we know and deliberately do not read, with the reason (listed in the notes).
-IGNORED = {
-    "approx_kl": "old-vs-new policy KL of one update, not KL to the reference",
-    "actor/ppo_kl": "old-vs-new policy KL of one update, not KL to the reference",
-    "ppo_kl": "old-vs-new policy KL of one update, not KL to the reference",
-    "total_steps": "run length, not a per-step signal", "epoch": "not a per-step signal",
-    "num_tokens": "cumulative token count", "policy_ratio": "no row reads the mean ratio (clip_frac does)",
-    # verl (trainer/ppo/metric_utils.py): the mean over response tokens, so a long completion weighs more. Under
-    # GRPO it is not 0 when every group's advantages are (they are per sequence); adv_mean is the per-sequence mean.
-    "critic/advantages/mean": "verl's token-weighted advantage mean, not the per-sequence mean adv_mean reads",
-    "actor/kl_coef": "a setting, not a signal", "critic/kl_coeff": "a setting, not a signal",
-    "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
-}
-# An evaluation column we did not name: held-out accuracy under another name (the first one wins). verl
-# (0.3+) names its held-out reward val-core/<data source>/reward/mean@1: with a rule reward, the accuracy.
-_EVAL = re.compile(r"^(eval|val|test|validation)[-_/].*(acc|accuracy|pass@?1|score|correct|/reward/mean@1$)", re.I)
-# Reward components: ours (reward_<fn>), TRL (rewards/<fn>/mean; up to TRL 0.16 and in every Unsloth GRPO
-# notebook rewards/<fn>), the book style (<fn>_reward[_avg|_mean]), reward/<fn>.
-_COMPONENT = [re.compile(p) for p in (r"^reward_(?P<fn>.+)$", r"^rewards/(?P<fn>[^/]+)/mean$", r"^rewards/(?P<fn>[^/]+)$",
-                                      r"^(?P<fn>.+?)_reward(_avg|_mean)?$", r"^reward/(?P<fn>[^/]+)$")]
-# reward_std, reward_mean: the combined reward; eval_reward (TRL): the combined reward of an evaluation
-_NOT_COMPONENT = {"std", "avg", "mean", "max", "min", "sum", "total", "eval"}
-def load(path: str | Path, fmt: str = "auto") -> RunLog:
+@dataclass(frozen=True)
+class Reading:
+    """What the user says about a log that its names do not: its step column (`--step-column`), and which of
+    its columns are which of ours (`--map OURS=THEIRS`, or a YAML file of them)."""
+
+    step: str | None = None
+    names: dict[str, str] = field(default_factory=dict)  # our name -> the log's column
+
+
+def load(path: str | Path, fmt: str = "auto", how: Reading = Reading()) -> RunLog:
     path = Path(path)
     if path.is_dir():
         path = _log_in(path)
     if not path.is_file():
         raise IngestError(f"{path}: no such file (give a steps.csv, reward-vs-step.csv, book CSV, trainer_state.json, "
-                          "a verl/OpenRLHF JSONL metrics log, a run directory or a TRL output_dir)")
+                          "a JSONL or CSV metrics log, a W&B history export, a run directory or a TRL output_dir)")
     if fmt == "auto":
         fmt = _sniff(path)
     reader = {"sentinel": _sentinel, "book": _book, "csv": _csv, "trl": _trl,
@@ -120,7 +75,7 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
         raise IngestError(f"unknown format {fmt!r}: use auto, sentinel, book, csv, trl, verl, openrlhf, jsonl, stdout "
                           "or notebook")
     try:
-        log = reader(path)
+        log = reader(path, how)
     except OSError as e:
         raise IngestError(f"{path}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError:
@@ -131,8 +86,21 @@ def load(path: str | Path, fmt: str = "auto") -> RunLog:
     _fix_units(log)
     _derive(log)
     if not any(log.has(k) for k in log.series if k not in ("step", "_nonfinite")) and not log.series["_nonfinite"].any():
-        raise IngestError(f"{path}: every value is empty or not a number: nothing to diagnose")
+        raise IngestError(_nothing_read(path, log))
     return log
+
+
+def _nothing_read(path: Path, log: RunLog) -> str:
+    """Why nothing was read, truthfully: columns with numbers that no name of ours matched, or none at all."""
+    if not log.unread:
+        return f"{path}: every value is empty or not a number: nothing to diagnose"
+    shown = ", ".join(log.unread[:12]) + (f" and {len(log.unread) - 12} more" if len(log.unread) > 12 else "")
+    return (f"{path}: it holds numbers, but no column's name says what it is to this reader ({shown}); say which is "
+            f"which with --map, e.g. --map reward={log.unread[0]} (ours: {', '.join(READABLE)})")
+
+
+READABLE = ("reward", "train_acc", "sample_acc", "kl", "loss", "entropy", "frac_zero_std", "response_len",
+            "truncation_rate", "grad_norm", "mismatch_kl")  # the names a --map most often needs (ALIASES has them all)
 
 
 def _log_in(directory: Path) -> Path:
@@ -176,13 +144,9 @@ def _sniff(path: Path) -> str:
         return "sentinel"
     if {"step", "reward_avg"} <= names:
         return "book"
-    if names & set(ALIASES["step"]):
-        return "csv"
-    if _printed_steps_further_in(path):
-        return "stdout"
-    raise IngestError(f"{path}: unrecognised columns {header[:8]}; expected a step column (step, global_step, ...) "
-                      "as in our steps.csv, the book format (step, reward_avg, ...), a TRL trainer_state.json or a "
-                      "verl/OpenRLHF JSONL log")
+    if names & set(STEP_KEYS) or not _printed_steps_further_in(path):
+        return "csv"  # without a step column: rows in order (_table says so)
+    return "stdout"
 
 
 def _printed_steps_further_in(path: Path, lines: int = 5000) -> bool:
@@ -224,86 +188,84 @@ def _nonfinite_text(v) -> bool:
     return isinstance(v, str) and v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")
 
 
-def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> RunLog:
-    """Records (one per logged step, keyed by the log's own names) -> a RunLog with our names.
-    Every key is accounted for in the notes: mapped, read as a reward component, or ignored."""
-    keys: list[str] = []
-    for r in records:
-        for k in r:
-            if k not in keys:
-                keys.append(k)
-    lower = {k: k.strip().lower() for k in keys}
-    chosen: dict[str, str] = {}  # our name -> source key
-    for name, aliases in ALIASES.items():
-        for a in aliases:
-            k = next((k for k in keys if lower[k] == a), None)
-            if k is not None:
-                chosen[name] = k
-                break
-    if "step" not in chosen:
-        raise IngestError(f"{path}: no step column (looked for {', '.join(ALIASES['step'])})")
-    if "sample_acc" not in chosen:
-        k = next((k for k in keys if _EVAL.match(lower[k]) and "std" not in lower[k]), None)
-        if k is not None:
-            chosen["sample_acc"] = k
+def _table(path: Path, records: list[dict], fmt: str, where: str = "row", how: Reading = Reading()) -> RunLog:
+    """Records (one per logged step, or several kinds per step: _merge_kinds) keyed by the log's own names ->
+    a RunLog with ours. Every key is accounted for in the notes: mapped, read as a reward component, or ignored."""
+    step_key = _step_key(path, _keys(records), how)
+    notes = []
+    if step_key is not None:
+        records, merged = _merge_kinds(records, step_key)
+        notes += merged
+    keys = _keys(records)
+    chosen = _choose(path, keys, how)  # our name -> source key
     steps, bad_steps, kept = [], 0, []
-    for r in records:
-        s = _number(r.get(chosen["step"]))
+    for i, r in enumerate(records, start=1):
+        s = _number(r.get(step_key)) if step_key is not None else float(i)
         if not math.isfinite(s):
             bad_steps += 1
             continue
         steps.append(s)
         kept.append(r)
+    if step_key is None:
+        notes.append(f"no step column (looked for {', '.join(STEP_KEYS)}): rows are numbered in order, one a step "
+                     "(--step-column NAME names it)")
     if bad_steps:
         what = "rows" if where == "row" else "entries"
         if not steps:
-            raise IngestError(f"{path}: no {where} has a numeric step ({chosen['step']!r}); {bad_steps} {what} without one")
-        (log_notes := []).append(f"{bad_steps} {what} without a numeric {chosen['step']!r} skipped")
-    else:
-        log_notes = []
+            raise IngestError(f"{path}: no {where} has a numeric step ({step_key!r}); {bad_steps} {what} without one "
+                              "(--step-column NAME names another)")
+        notes.append(f"{bad_steps} {what} without a numeric {step_key!r} skipped")
     series: dict[str, np.ndarray] = {"step": np.array(steps, dtype=float)}
-    used = {chosen["step"]}
+    used = {step_key} if step_key is not None else set()
     for name, k in chosen.items():
-        if name != "step":
-            series[name] = np.array([_number(r.get(k)) for r in kept])
-            used.add(k)
+        series[name] = np.array([_number(r.get(k)) for r in kept])
+        used.add(k)
     bad = np.zeros(len(kept))  # steps whose loss/reward says nan/inf
     for name in ("loss", "reward"):
         if name in chosen:
             bad = np.maximum(bad, [float(_nonfinite_text(r.get(chosen[name]))) for r in kept])
     bad = np.maximum(bad, [float(r.get("skipped") == "nonfinite") for r in kept])  # our record: the trainer skipped it
     series["_nonfinite"] = bad
-    log = RunLog(series, str(path), fmt, notes=log_notes)
+    log = RunLog(series, str(path), fmt, notes=notes)
     components: dict[str, str] = {}
     ignored: list[str] = []
     for k in keys:
         if k in used:
             continue
-        low = lower[k]
+        low = k.strip().lower()
         # ROLL (step column system/step) logs reward/* as rates and statistics of the one reward, not components.
-        fn = None if chosen["step"] == "system/step" and low.startswith("reward/") else _component(low)
-        if fn is not None and fn not in components:
+        fn = None if step_key == "system/step" and low.startswith("reward/") else component(low)
+        if fn is not None and fn not in components and not is_eval_key(low):
             components[fn] = k
             continue
-        if low in _BY_ALIAS:
-            ignored.append(f"{k} (duplicate of {chosen[_BY_ALIAS[low]]} -> {_BY_ALIAS[low]})")
+        numeric = any(math.isfinite(_number(r.get(k))) for r in kept)
+        if low in BY_ALIAS or meaning(low) in chosen:
+            ours = BY_ALIAS.get(low) or meaning(low)
+            ignored.append(f"{k} (duplicate of {chosen[ours]} -> {ours})" if ours in chosen else f"{k} (no row reads it)")
         elif low in IGNORED:
             ignored.append(f"{k} ({IGNORED[low]})")
-        elif chosen["step"] == "system/step" and low.startswith("reward/"):
+        elif step_key == "system/step" and low.startswith("reward/"):
             ignored.append(f"{k} (ROLL: a rate or statistic of the reward, not a component to sum)")
-        elif low in ("skipped", "health"):
-            continue  # our own record's text columns: read as markers above
-        elif not any(math.isfinite(_number(r.get(k))) for r in kept):
+        elif low in ("skipped", "health", "_kind"):
+            continue  # our own record's text columns (read as markers above), and the record kinds merged
+        elif not numeric:
             ignored.append(f"{k} (no numeric value)")
         else:
             ignored.append(f"{k} (no row reads it)")
+            if low not in STEP_KEYS:
+                log.unread.append(k)
     for fn, k in components.items():
         series[f"reward_{fn}"] = np.array([_number(r.get(k)) for r in kept])
     log.read = [n if n == k else f"{k} -> {n}" for n, k in chosen.items()] + [
         f"{k} -> reward_{fn}" for fn, k in components.items()
     ]
-    log.ignored = ignored
-    log.notes.append("columns read: " + ", ".join(log.read[:len(chosen)]))
+    if step_key is not None:
+        log.read.insert(0, "step" if step_key == "step" else f"{step_key} -> step")
+    if chosen.get("is_ratio_mean", "").startswith("sampling/"):  # TRL logs the ratio its correction put in the loss
+        log.sampler["ratio"] = "after TRL's truncation or masking (its sampling/importance_sampling_ratio)"
+    given = {k for n, k in how.names.items()}
+    log.notes.append("columns read: " + ", ".join(log.read[:len(chosen) + (step_key is not None)])
+                     + (f" ({', '.join(sorted(given))} as --map said)" if given else ""))
     if components:
         log.notes.append("reward components: " + ", ".join(f"{k} ({component_kind(fn)})" for fn, k in components.items()))
     if ignored:
@@ -311,37 +273,123 @@ def _table(path: Path, records: list[dict], fmt: str, where: str = "row") -> Run
     return log
 
 
-def _component(low: str) -> str | None:
-    for pattern in _COMPONENT:
-        m = pattern.match(low)
-        if m:
-            fn = m.group("fn").strip("/_")
-            if fn and fn not in _NOT_COMPONENT and not fn.endswith(("/std", "_std")) and fn not in ALIASES:
-                return re.sub(r"[^a-z0-9]+", "_", fn).strip("_")
-    return None
+def _keys(records: list[dict]) -> list[str]:
+    """Every key of the records, in the order they first appear."""
+    return list(dict.fromkeys(k for r in records for k in r))
 
 
-def _csv(path: Path, fmt: str = "csv") -> RunLog:
+def _step_key(path: Path, keys: list[str], how: Reading) -> str | None:
+    """The log's step column: the one the user named, else the first step-like key it has, else None (rows in order)."""
+    if how.step is not None:
+        if how.step not in keys:
+            raise IngestError(f"{path}: --step-column {how.step!r} is not a column of the log; its columns: "
+                              f"{', '.join(keys[:20])}" + (" ..." if len(keys) > 20 else ""))
+        return how.step
+    lower = {k.strip().lower(): k for k in reversed(keys)}
+    return next((lower[a] for a in STEP_KEYS if a in lower), None)
+
+
+def _choose(path: Path, keys: list[str], how: Reading) -> dict[str, str]:
+    """Our name -> the log's column: what --map says, then the exact aliases in order of preference, then the
+    columns whose names mean one of ours (vocabulary.meaning), then the held-out accuracy under another name."""
+    unknown = [n for n in how.names if n not in ALIASES or n == "step"]
+    if unknown:
+        ours = ", ".join(n for n in ALIASES if n != "step")
+        raise IngestError(f"--map {unknown[0]}=...: {unknown[0]!r} is not a name of ours; ours: {ours}")
+    missing = [k for k in how.names.values() if k not in keys]
+    if missing:
+        raise IngestError(f"{path}: --map ...={missing[0]}: the log has no column {missing[0]!r}; its columns: "
+                          f"{', '.join(keys[:20])}" + (" ..." if len(keys) > 20 else ""))
+    chosen = dict(how.names)
+    taken = set(chosen.values())
+    lower = {k: k.strip().lower() for k in keys}
+    for name, aliases in ALIASES.items():
+        if name == "step" or name in chosen:
+            continue
+        k = next((k for a in aliases for k in keys if lower[k] == a and k not in taken), None)
+        if k is not None:
+            chosen[name] = k
+            taken.add(k)
+    for k in keys:
+        name = meaning(lower[k]) if k not in taken and lower[k] not in STEP_KEYS else None
+        if name is not None and name not in chosen and name != "step":
+            chosen[name] = k
+            taken.add(k)
+    if "sample_acc" not in chosen:
+        k = next((k for k in keys if EVAL_ACCURACY.match(lower[k]) and "std" not in lower[k]
+                  and not FORM.search(lower[k]) and k not in taken), None)
+        if k is not None:
+            chosen["sample_acc"] = k
+    return chosen
+
+
+# Several record kinds in one log (rollout, train, eval records at the same step): the kind from a key that
+# names it, else from the columns (every metric under an evaluation prefix: an evaluation).
+KIND_KEYS = ("kind", "type", "record_type", "record", "split", "phase", "mode", "stage", "event")
+_EVAL_KIND = re.compile(r"^(eval|evaluation|val|valid|validation|test|heldout|held_out)", re.I)
+
+
+def _kind(r: dict, step_key: str) -> str | None:
+    for k in KIND_KEYS:
+        v = r.get(k)
+        if isinstance(v, str) and v.strip() and len(v) < 40:
+            return "eval" if _EVAL_KIND.match(v.strip()) else v.strip().lower()
+    metrics = [k for k in r if k != step_key and k.strip().lower() not in STEP_KEYS]
+    return "eval" if metrics and all(is_eval_key(k) for k in metrics) else None
+
+
+def _merge_kinds(records: list[dict], step_key: str) -> tuple[list[dict], list[str]]:
+    """Consecutive records of one step that are parts of it (another kind, or other columns) become one row; a
+    record that repeats a step's columns starts a new row (a resume or a restart: _fix_steps). An evaluation
+    record's columns get an `eval/` prefix: held-out measurements of its step, never a training row."""
+    rows: list[dict] = []
+    kinds: list[set] = []
+    counts: dict[str, int] = {}
+    for r in records:
+        kind = _kind(r, step_key)
+        counts[kind or "untyped"] = counts.get(kind or "untyped", 0) + 1
+        body = {k: v for k, v in r.items() if not (kind is not None and k in KIND_KEYS and r.get(k) is not None
+                                                    and isinstance(r.get(k), str))}
+        if kind == "eval":
+            body = {k if k == step_key or k.strip().lower() in STEP_KEYS or is_eval_key(k) else f"eval/{k}": v
+                    for k, v in body.items()}
+        row = rows[-1] if rows else None
+        same_step = row is not None and _number(row.get(step_key)) == _number(r.get(step_key))
+        metrics = {k for k in body if k != step_key}
+        if same_step and (kind not in kinds[-1] or not metrics & set(row)):
+            clash = {k for k in metrics if k in row and row[k] != body[k]}
+            row.update({(f"{kind}/{k}" if k in clash else k): v for k, v in body.items()})
+            kinds[-1].add(kind)
+        else:
+            rows.append(dict(body))
+            kinds.append({kind})
+    if len(rows) == len(records):
+        return records, []
+    return rows, [f"{len(records)} records of {len(counts)} kind(s) ({', '.join(f'{k}: {n}' for k, n in counts.items())}) "
+                  f"merged by step into {len(rows)} rows: the parts of one step are one row, and an evaluation at a step "
+                  "is an evaluation of that step (its columns read as eval/...), never a resume"]
+
+
+def _csv(path: Path, how: Reading = Reading(), fmt: str = "csv") -> RunLog:
     header, rows = _read_csv(path)
     if not header:
         raise IngestError(f"{path}: empty file (expected a header row)")
-    if not {h.strip().lower() for h in header} & set(ALIASES["step"]):
-        raise IngestError(f"{path}: no step column in the header {header[:8]} (looked for {', '.join(ALIASES['step'])})")
     if not rows:
         raise IngestError(f"{path}: the header is there but no step rows follow: nothing to diagnose yet")
-    # A non-numeric step is an error in a CSV (the file is not what it claims); rows are line-numbered.
-    step_col = next(h for h in header if h.strip().lower() in ALIASES["step"])
+    # A non-numeric step is an error in a CSV (the file is not what it claims); rows are line-numbered. A W&B
+    # history export's step (_step) is numbered on every row too.
+    step_col = _step_key(path, header, how)
     for i, r in enumerate(rows, start=2):
-        if not math.isfinite(_number(r.get(step_col))):
-            raise IngestError(f"{path}:{i}: step {r.get(step_col)!r} is not a number")
-    log = _table(path, rows, fmt)
-    if "trace_ids" in header:  # our record: each step's traced groups, the explaining ones first; later rows win
+        if step_col is not None and not math.isfinite(_number(r.get(step_col))):
+            raise IngestError(f"{path}:{i}: step {r.get(step_col)!r} is not a number (--step-column NAME names another)")
+    log = _table(path, rows, fmt, how=how)
+    if "trace_ids" in header and step_col:  # our record: each step's traced groups, the explaining ones first
         log.traces = {int(_number(r[step_col])): r["trace_ids"].split()[0] for r in rows if (r.get("trace_ids") or "").strip()}
     return log
 
 
-def _sentinel(path: Path) -> RunLog:
-    log = _csv(path, "sentinel")
+def _sentinel(path: Path, how: Reading = Reading()) -> RunLog:
+    log = _csv(path, how, "sentinel")
     curve = path.parent / "reward-vs-step.csv"
     if path.name == "steps.csv" and curve.is_file():  # the step-0 baseline accuracy lives only there
         _, base = _read_csv(curve)
@@ -384,12 +432,13 @@ def _read_run_info(log: RunLog, path: Path) -> None:
     log.group_size, log.max_new_tokens, log.window = sc.group_size, sc.max_new_tokens, sc.window
     log.thresholds = dict(sc.thresholds)
     log.max_reward, log.ln_vocab, log.trace_project = sc.max_reward, sc.ln_vocab, info.traces_project
+    log.sampler, log.sampling = dict(info.sampler), dict(info.sampling)
     if sc.group_size and sc.prompts_per_step:
         log.completions_per_step = round(sc.group_size * sc.prompts_per_step)
 
 
-def _book(path: Path) -> RunLog:
-    log = _csv(path, "book")
+def _book(path: Path, how: Reading = Reading()) -> RunLog:
+    log = _csv(path, how, "book")
     series = log.series
     # One prompt per step: the step's group has no signal when its advantages have zero spread, or,
     # without an adv_std column, when the 0/1 correctness reward is all 0 or all 1.
@@ -405,14 +454,14 @@ def _book(path: Path) -> RunLog:
     return log
 
 
-def _trl(path: Path) -> RunLog:
+def _trl(path: Path, how: Reading = Reading()) -> RunLog:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise IngestError(f"{path}: not valid JSON ({e}); expected a TRL trainer_state.json") from None
     # A bare list is log_history saved on its own (json.dump(trainer.state.log_history, f): a common way to keep it).
     history = state if isinstance(state, list) else state.get("log_history") if isinstance(state, dict) else None
-    if history is None and isinstance(state, dict) and (log := _columnar(path, state)) is not None:
+    if history is None and isinstance(state, dict) and (log := _columnar(path, state, how)) is not None:
         return log
     if not isinstance(history, list):
         raise IngestError(f"{path}: no 'log_history' list; expected a TRL/transformers trainer_state.json (or its "
@@ -439,7 +488,7 @@ def _trl(path: Path) -> RunLog:
     for r in records:
         for k in ("train_runtime", "train_loss", "total_flos", "train_samples_per_second", "train_steps_per_second"):
             r.pop(k, None)  # the end-of-training summary entry: not a step
-    log = _table(path, records, "trl", "entry")
+    log = _table(path, records, "trl", "entry", how)
     log.notes[:0] = notes
     if isinstance(state, list):
         log.notes.insert(0, "a log_history list saved on its own (no trainer_state.json around it)")
@@ -452,7 +501,7 @@ def _trl(path: Path) -> RunLog:
     return log
 
 
-def _columnar(path: Path, state: dict) -> RunLog | None:
+def _columnar(path: Path, state: dict, how: Reading = Reading()) -> RunLog | None:
     """{"rewards_avg": [...], "kl_avg": [...]}: a hand-written loop's metrics kept as one list per metric,
     one entry a logged step. The lists of the longest length are the columns; a step column numbers the
     rows, else they are numbered in order. None when the object holds no list."""
@@ -463,11 +512,11 @@ def _columnar(path: Path, state: dict) -> RunLog | None:
     n = max(len(v) for v in lists.values())
     columns = {k: v for k, v in lists.items() if len(v) == n}
     records = [{k: v[i] for k, v in columns.items()} for i in range(n)]
-    numbered = not any(k.strip().lower() in ALIASES["step"] for k in columns)
+    numbered = how.step is None and not any(k.strip().lower() in STEP_KEYS for k in columns)
     if numbered:
         for i, r in enumerate(records, start=1):
             r["step"] = i
-    log = _table(path, records, "json")
+    log = _table(path, records, "json", how=how)
     others = [k for k in state if k not in columns]
     log.ignored += [f"{k} (not one value a row)" for k in others]
     log.notes.insert(0, f"an object of one list per metric ({n} entries)"
@@ -558,7 +607,7 @@ def _completion_stats(out: dict[str, np.ndarray], i: int, table: dict, names: li
         out["frac_zero_std_wrong"][i] = (zero & ~right.any(axis=1)).mean()
 
 
-def _jsonl(path: Path) -> RunLog:
+def _jsonl(path: Path, how: Reading = Reading()) -> RunLog:
     records, bad = [], 0
     with path.open(encoding="utf-8") as f:
         for line in f:
@@ -582,7 +631,7 @@ def _jsonl(path: Path) -> RunLog:
     fmt = ("verl" if any(k.startswith(("actor/", "critic/", "response_length/")) for k in keys) else
            "openrlhf" if {"policy_loss", "return"} & keys or any(k.startswith("eval_") and "pass" in k for k in keys) else
            "jsonl")
-    log = _table(path, records, fmt, "line")
+    log = _table(path, records, fmt, "line", how)
     if bad:
         log.notes.insert(0, f"{bad} lines are not JSON objects: skipped")
     return log
@@ -620,7 +669,7 @@ def _stdout_record(line: str) -> tuple[str, dict] | None:
     return None  # a "[Step 2/5] building the dataset" banner without values is a script's stage, not a step
 
 
-def _stdout(path: Path) -> RunLog:
+def _stdout(path: Path, how: Reading = Reading()) -> RunLog:
     """A console log. TRL prints no step number: its training dicts are numbered in order (each one a
     logging interval), an evaluation dict joins the training dict before it, the summary is dropped and
     ends that training: the next one's dicts are numbered from 1 again (an SFT stage, then GRPO, in one
@@ -658,7 +707,7 @@ def _stdout(path: Path) -> RunLog:
     if not records:
         raise IngestError(f"{path}: no step lines (expected TRL's printed log dicts, verl's 'step:N - key:value' lines "
                           "or '[Step n/N] key=value' lines)")
-    log = _table(path, records, "stdout", "line")
+    log = _table(path, records, "stdout", "line", how)
     log.notes.insert(0, f"console log ({', '.join(sorted(printers))} lines); {skipped} other lines skipped"
                      + (f"; {dicts} printed dicts skipped (config and validation summaries: the step lines carry the "
                         "metrics)" if dicts else "")
@@ -673,7 +722,7 @@ _HTML_ROW = re.compile(r"<tr>(.*?)</tr>", re.S)
 _HTML_CELL = re.compile(r"<t[hd](?:\s[^>]*)?>(.*?)</t[hd]>", re.S)
 
 
-def _notebook(path: Path) -> RunLog:
+def _notebook(path: Path, how: Reading = Reading()) -> RunLog:
     """A Jupyter notebook's saved outputs: the Trainer's progress table (Unsloth's GRPO notebooks ship
     with their own run's). The last table with a Step column is read: a re-run cell draws a new one."""
     try:
@@ -693,7 +742,7 @@ def _notebook(path: Path) -> RunLog:
     if not tables or not tables[-1]:
         raise IngestError(f"{path}: no progress table with a Step column in the notebook's saved outputs (run the "
                           "training cell and save the notebook with its outputs)")
-    log = _table(path, tables[-1], "notebook")
+    log = _table(path, tables[-1], "notebook", how=how)
     log.notes.insert(0, f"the notebook's progress table ({len(tables)} drawn, the last read): one row per logging step")
     return log
 
@@ -756,6 +805,13 @@ def _derive(log: RunLog) -> None:
             components = {fn: v} if component_kind(fn) == "correctness" else {}
     kinds = {fn: component_kind(fn) for fn in components}
     correctness = {fn: v for fn, v in components.items() if kinds[fn] == "correctness"}
+    reward = s.get("reward", np.array([]))
+    paid = bool(np.nan_to_num(reward).any())
+    for fn, v in list(correctness.items()):
+        finite = v[np.isfinite(v)]
+        if paid and len(finite) and not finite.any():  # it never pays while the reward does: not the answers' truth
+            del correctness[fn]
+            log.notes.append(f"reward_{fn} is 0 on every row while the reward is not: not read as the correctness signal")
     aux = {fn: v for fn, v in components.items() if kinds[fn] == "auxiliary"}
     unclassified = [fn for fn in components if kinds[fn] == "unclassified"]
     if unclassified:

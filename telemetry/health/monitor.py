@@ -106,7 +106,8 @@ class HealthMonitor:
         sc = self._info.scales if self._info else None
         return RunLog(series, "online", "sentinel", group_size=self.group_size, max_reward=sc.max_reward if sc else 1.0,
                       ln_vocab=sc.ln_vocab if sc else None, max_new_tokens=sc.max_new_tokens if sc else None,
-                      eval_n=eval_n, baseline_acc=self._baseline_acc)
+                      eval_n=eval_n, baseline_acc=self._baseline_acc, sampler=self._info.sampler if self._info else {},
+                      sampling=self._info.sampling if self._info else {})
 
     def observe(self, s: StepStats) -> Verdict:
         row = s.row()

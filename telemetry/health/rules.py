@@ -35,6 +35,11 @@ from grpo_sentinel.telemetry.monitoring import HEALTH_UID, Monitoring, duration,
 TRAINER_SIDE = {
     "loss_spike": "a spike is one step, and a scrape sees one step in every (scrape interval / step time); the "
                   "trainer sees every step, and its episode counter survives the scrape gap",
+    "policy_collapse": "it needs every group without signal on every step of a window (a scrape sees one step in "
+                       "many) and compares with the run's own early share of such groups, which only the trainer has",
+    "train_inference_mismatch": "its warning compares with the run's own early level, which only the trainer has; its "
+                                "jump compares one step with the median of the steps before it, and a scrape sees one "
+                                "step in many",
     "late_degradation": "it reads held-out accuracy per evaluation point against the binomial noise of the eval set; "
                         "a time window holds an unknown, varying number of evaluation points",
     "reward_hacking": "as late_degradation: a decline of held-out accuracy beyond its sampling noise, per evaluation point; "
@@ -301,10 +306,10 @@ def _aged(p: RuleParams, windows: int) -> str:
     return f"max {_by(p)} ({series(p, 'grpo_step')} offset {duration(windows * p.window)})"
 
 
-def _verdict(cid: str, p: RuleParams) -> str:
-    """The trainer's verdict: active now, or an episode begun within the last window (a one-step
-    condition may fall between two scrapes; the counter does not)."""
-    condition = f'condition="{cid}"'
+def _verdict(cid: str, p: RuleParams, severity: str | None = None) -> str:
+    """The trainer's verdict (at `severity`, if given): active now, or an episode begun within the last window
+    (a one-step condition may fall between two scrapes; the counter does not)."""
+    condition = f'condition="{cid}"' + (f', severity="{severity}"' if severity else "")
     return (f"max {_by(p)} ({series(p, 'grpo_health_condition', condition)}) == 1\n"
             f"or sum {_by(p)} (increase({series(p, 'grpo_health_episodes_total', condition)}[{duration(p.window)}])) > 0")
 
@@ -488,10 +493,12 @@ def _dashboard(p: RuleParams) -> dict[str, str]:
 def health_rules(p: RuleParams) -> list[dict]:
     promql, worse, foresee, out = _promql(p), _worse(), _foresee(p), []
     for row in TABLE:
+        trainer_staged = (row.id in TRAINER_SIDE and row.severity != "critical" and "critical" in row.severities
+                          and row.id not in worse and row.id not in foresee)  # a critical stage the trainer alone judges
         if row.id in promql:
             expr, summary, description = promql[row.id]
         else:
-            expr = _verdict(row.id, p)
+            expr = _verdict(row.id, p, row.severity if trainer_staged else None)
             summary = f"{row.id} (the trainer's health monitor)"
             description = (f"The trainer's monitor reports {row.id} (signals: {row.signals}). PromQL cannot express it: "
                            f"{TRAINER_SIDE[row.id]}. The evidence is in the trainer's log and `grpo-sentinel diagnose`.")
@@ -518,6 +525,11 @@ def health_rules(p: RuleParams) -> list[dict]:
                         "labels": {"severity": "critical", "condition": row.id, "stage": "escalated"},
                         "annotations": {**rule["annotations"], "summary": rule["annotations"]["summary"] +
                                         f" (held {held} while getting worse: critical)"}})
+        if trainer_staged:
+            out.append({**rule, "expr": _verdict(row.id, p, "critical"),
+                        "labels": {"severity": "critical", "condition": row.id, "stage": "critical"},
+                        "annotations": {**rule["annotations"], "summary": rule["annotations"]["summary"] +
+                                        " (at its critical stage)"}})
         if row.id in foresee:  # the forecast stage (detectors._forecast): critical with the warning
             horizon = duration(p.thresholds.forecast_windows * p.window)
             out.append({**rule, "expr": f"(\n{expr}\n)\nand {foresee[row.id]}",

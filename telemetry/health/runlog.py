@@ -29,9 +29,14 @@ class RunLog:
     reward_is_correctness: bool = True  # no auxiliary or unclassified component is summed into the reward
     traces: dict[int, str] = field(default_factory=dict)  # step -> its first Langfuse trace (the explaining group)
     trace_project: str | None = None  # the run's traces.project_id, for links
+    # What biases the train/inference mismatch: the sampler's backend and precision, the trainer's, and whether the
+    # logged ratio is raw or already truncated/masked (RunInfo.sampler; a TRL log: after its masking)
+    sampler: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p (RunInfo.sampling)
     notes: list[str] = field(default_factory=list)
     read: list[str] = field(default_factory=list)  # the log's columns read ("key -> our name", or the name)
     ignored: list[str] = field(default_factory=list)  # the log's columns not read, each with the reason
+    unread: list[str] = field(default_factory=list)  # ... of which those holding numbers no name of ours matched
 
     def has(self, name: str) -> bool:
         return name in self.series and bool(np.isfinite(self.series[name]).any())

@@ -61,6 +61,19 @@ TABLE: list[Row] = [
         traced=("all-same",),
     ),
     Row(
+        "policy_collapse",
+        "critical",
+        "every group without signal on every step of a window and the step's reward the same from step to step, after "
+        "the run had signal (not every group right)",
+        "the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its "
+        "reward pays a constant for",
+        "stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the "
+        "reward separates the answers it sees",
+        dont="read the calm curves as convergence: the loss is exactly 0 and the KL flat because nothing is learned any "
+        "more; raising G does not help a policy that gives every completion the same answer",
+        traced=("all-same",),
+    ),
+    Row(
         "adv_mean_drift",
         "critical",
         "per-sequence advantage mean != 0",
@@ -180,11 +193,12 @@ TABLE: list[Row] = [
     Row(
         "loss_spike",
         "warning",
-        "loss far outside its rolling band",
+        "loss far outside its rolling band (100x its recent median); critical at four orders of magnitude",
         "numerics or a bad batch",
-        "inspect the step's samples",
-        dont="halt on one spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
+        "inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first",
+        dont="halt on one 100x spike while reward and KL are intact: the GRPO loss scale moves with the advantages (it "
         "is exactly 0 on a step without signal)",
+        stages=("warning", "critical"),
     ),
     Row(
         "loss_blowup",
@@ -249,6 +263,22 @@ TABLE: list[Row] = [
         "the policy is getting worse at the task (groups with no right answer teach nothing)",
         "check the LR and the reward; lower the LR or use easier prompts",
         dont="read it as harder prompts without checking: the prompt mix does not change mid-run unless a curriculum does it",
+    ),
+    Row(
+        "train_inference_mismatch",
+        "warning",
+        "the sampler's log-probs drifting from the trainer's for the same tokens: mismatch KL (token-mean k3) above "
+        "twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step",
+        "the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, "
+        "or a stale or broken weight sync (a jump: the sampler missed an update)",
+        "check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling "
+        "correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR",
+        dont="raise the LR or the clip range to push through: the updates are already off-policy, and runs collapse "
+        "with the gradient norm blowing up after the mismatch grows",
+        source="Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'; Liu & Li "
+        "2025, 'When speed kills stability'; verl docs/algo/rollout_corr.md (|kl| > 0.1); prime-rl docs (< 0.015 "
+        "for a correct implementation)",
+        stages=("warning", "critical"),
     ),
 ]
 

@@ -70,16 +70,45 @@ class Thresholds:
     # pages as one that will not, more often the further it is continued: 7 is the shortest H at which the seen slow
     # shapes of each kind (lengths, KL) keep a mean lead >= 20 steps on at least half of them (eleventh pass; 10 before)
     repetition: float = 0.3  # window mean seq-rep-4 (repeated word 4-grams): human text ~0.01, degenerate loops ~0.4
+    # Floors: the scale below which a relative change is not a change. A loss or gradient norm that grows 1000x from
+    # 1e-8 is float32 rounding of a zero-signal step (every group all-same: advantages 0, the loss is beta x a KL of
+    # ~1e-6, the gradient the same), not a numerical event; real runs' |loss| and gradient norms sit at 1e-4 to 10.
+    # loss_spike, loss_blowup and grad_norm_spike judge nothing against a reference below its floor: from no scale,
+    # any rise is "100x".
+    loss_floor: float = 1e-5  # |loss|
+    grad_floor: float = 1e-5  # gradient norm
+    # loss_spike's critical stage: one update this many times the median |loss| of the block before (four orders of
+    # magnitude: under a Student t3 tail ~5e-12 a step, never by chance; a 6e11 loss:sum among losses of ~1 is one)
+    loss_catastrophe: float = 1e4
+    # policy_collapse: every group without signal (frac_zero_std at least this, every step of a window) and the
+    # step's reward the same from step to step (its window sd at most `collapse_reward_sd` of the maximum) after the
+    # run had signal (its early frac_zero_std below `zero_signal`): one answer for every prompt
+    collapse_zero: float = 0.99
+    collapse_reward_sd: float = 0.01
+    # train_inference_mismatch, on the token-mean k3 between the sampler's and the trainer's log-probs (mismatch_kl).
+    # Warning: its window mean `mismatch_rise` times the run's early level and beyond that level's noise, and at least
+    # `mismatch_floor` (a healthy bf16 sampler sits at 1e-4 to 1e-3; two float32 paths at ~1e-13, where a 100x rise is
+    # still nothing). Critical: its window mean at `mismatch_critical`, where runs are reported collapsed (verl's
+    # rollout_corr health check flags |kl| > 0.1 as "significant off-policy gap"; Qi et al. 2025 show bf16 runs' mismatch
+    # KL rising from ~1e-3 to ~1 as they collapse), or one step `mismatch_jump` times the median of the window
+    # before and at least `mismatch_jump_floor`: a sampler out of sync with the weights (a skipped adapter hand-over).
+    mismatch_floor: float = 1e-4
+    mismatch_rise: float = 2.0
+    mismatch_critical: float = 0.1
+    mismatch_jump: float = 10.0
+    mismatch_jump_floor: float = 1e-3
 
 
 # The domain of every threshold (`grpo-sentinel rules --set` and the config check it): a value
 # outside it makes a rule that never or always fires.
-_FRACTION = ("saturated", "zero_signal", "reward_drop", "entropy_collapse", "entropy_blowup_lnv", "entropy_blowup_rise_lnv",
-             "exploration_signal", "kl_dominant_zero", "small_group_zero", "loose_gap", "loose_reward", "truncation",
-             "entropy_drift", "length_drift", "correctness_drop", "all_wrong_rise", "loss_blowup_share",
-             "clip_imbalance_min", "truncation_capped", "repetition", "acc_decline_rate")
-_ABOVE_ONE = ("loss_spike_factor", "entropy_blowup_baseline", "exploration_rise", "wrong_longer",
-              "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth", "grad_spike", "clip_imbalance")
+_FRACTION = ("saturated", "zero_signal", "collapse_zero", "collapse_reward_sd", "reward_drop", "entropy_collapse",
+             "entropy_blowup_lnv", "entropy_blowup_rise_lnv", "exploration_signal", "kl_dominant_zero",
+             "small_group_zero", "loose_gap", "loose_reward", "truncation", "entropy_drift", "length_drift",
+             "correctness_drop", "all_wrong_rise", "loss_blowup_share", "clip_imbalance_min", "truncation_capped",
+             "repetition", "acc_decline_rate")
+_ABOVE_ONE = ("loss_spike_factor", "loss_catastrophe", "mismatch_rise", "mismatch_jump", "entropy_blowup_baseline",
+              "exploration_rise", "wrong_longer", "loss_blowup_factor", "kl_accel", "loss_blowup_arl", "kl_growth",
+              "grad_spike", "clip_imbalance")
 _COUNTS = {"window": 2, "early_windows": 1, "nonfinite_run": 1, "loss_window": 5, "acc_lookback": 1, "small_group": 2,
            "correctness_lookback": 1, "no_progress_windows": 2,
            "escalate_windows": 1, "forecast_windows": 1}

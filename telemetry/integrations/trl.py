@@ -63,7 +63,13 @@ CURVE_EVERY = 20  # reward-vs-step.csv rows every this many rows when no evaluat
 NOT_FED = {"grpo.kl": "TRL logs the mean KL only, not each completion's",
            "grpo.entropy": "TRL logs the mean entropy only, not each completion's",
            **{f"grpo.rank.{m}": "TRL's ranks time and measure their steps themselves; it logs none of it per rank"
-              for m in ("step_time", "collective_wait", "peak_memory")}}
+              for m in ("step_time", "collective_wait", "peak_memory")},
+           "grpo.mismatch.logp_diff": "TRL logs the mean and the largest log-prob gap, not each token's",
+           "grpo.mismatch.kl": "TRL logs the |log-prob gap|, not a KL estimate (diagnose bounds it from the mean gap)",
+           "grpo.importance.masked_fraction": "TRL logs no share of masked tokens"}
+# Rows TRL feeds only when it samples with vLLM and corrects for it (use_vllm, its default correction): its
+# sampling/* keys.
+WITH_VLLM = {"grpo.mismatch.logp_diff.mean", "grpo.mismatch.logp_diff.max", "grpo.importance_ratio"}
 _RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 
 
@@ -518,8 +524,21 @@ class _Run:
         self.session.start(RunInfo(run_id=self.dir.name, model=self.model_name, loss_type=a.loss_type, scales=scales,
                                    world_size=a.world_size, traces_project=cb.traces.project_id,
                                    sampling={"temperature": a.temperature, "top_p": a.top_p,
-                                             "max_new_tokens": a.max_completion_length}))
+                                             "max_new_tokens": a.max_completion_length},
+                                   sampler=self._sampler(a)))
         return True
+
+    @staticmethod
+    def _sampler(a) -> dict[str, str]:
+        """What biases the mismatch TRL logs: its sampler, and that the ratio it logs is after its correction."""
+        if not getattr(a, "use_vllm", False):
+            return {"backend": "trl (transformers generate)"}
+        dtype = "bf16" if getattr(a, "bf16", False) else "fp16" if getattr(a, "fp16", False) else "fp32"
+        out = {"backend": f"vllm ({getattr(a, 'vllm_mode', 'server')} mode)", "trainer_dtype": dtype}
+        if getattr(a, "vllm_importance_sampling_correction", False):
+            out["ratio"] = (f"after TRL's {getattr(a, 'vllm_importance_sampling_mode', '')} correction "
+                            f"(clip max {getattr(a, 'vllm_importance_sampling_clip_max', '')})")
+        return out
 
     def _correctness(self, names: list[str]) -> str | None:
         wanted = self.cb.correctness

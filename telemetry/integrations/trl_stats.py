@@ -23,6 +23,12 @@ LOGGED: dict[str, str] = {
     "reward": "reward", "kl": "kl", "loss": "loss", "entropy": "entropy",
     "response_len": "completions/mean_length", "truncation_rate": "completions/clipped_ratio",
     "clip_frac": "clip_ratio/region_mean", "grad_norm": "grad_norm", "lr": "learning_rate", "step_time": "step_time",
+    # With vLLM and its importance-sampling correction on (TRL's default with use_vllm): the raw |log-prob gap|,
+    # and the ratio after TRL truncated or masked it (grpo_trainer.py logs the tensor that goes into the loss:
+    # in a mask mode its min is 0 once anything was masked). TRL logs no masked fraction.
+    "logp_diff_mean": "sampling/sampling_logp_difference/mean", "logp_diff_max": "sampling/sampling_logp_difference/max",
+    "is_ratio_min": "sampling/importance_sampling_ratio/min", "is_ratio_mean": "sampling/importance_sampling_ratio/mean",
+    "is_ratio_max": "sampling/importance_sampling_ratio/max",
 }
 ZERO_STD = "frac_reward_zero_std"  # -> frac_zero_std, where TRL's flag is per group (see Setup.zero_std_per_group)
 COMPONENT = "rewards/{}/mean"  # -> reward_<fn>

@@ -201,6 +201,22 @@ groups:
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
+  - alert: GRPOPolicyCollapse
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="policy_collapse"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="policy_collapse"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: policy_collapse
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: policy_collapse (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports policy_collapse (signals: every group without signal on every step of a window and the step''s reward the same from step to step, after the run had signal (not every group right)). PromQL cannot express it: it needs every group without signal on every step of a window (a scrape sees one step in many) and compares with the run''s own early share of such groups, which only the trainer has. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its reward pays a constant for'
+      action: stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the reward separates the answers it sees
+      runbook_url: '{{ $runbook }}#policy_collapse'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
   - alert: GRPOAdvMeanDrift
     expr: max by (job, instance, run_id) (abs(grpo_advantage_mean)) > {{ printf "%.6g" (float64 $adv_mean_tol) }}
     labels:
@@ -520,16 +536,33 @@ groups:
 {{- end }}
   - alert: GRPOLossSpike
     expr: |-
-      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
-      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="warning"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
     labels:
       severity: warning
       condition: loss_spike
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: numerics or a bad batch
-      action: inspect the step's samples
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
+      runbook_url: '{{ $runbook }}#loss_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOLossSpike
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="critical"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: loss_spike
+      stage: critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: numerics or a bad batch
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
       runbook_url: '{{ $runbook }}#loss_spike'
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
@@ -740,6 +773,39 @@ groups:
       cause: the policy is getting worse at the task (groups with no right answer teach nothing)
       action: check the LR and the reward; lower the LR or use easier prompts
       runbook_url: '{{ $runbook }}#all_wrong_rising'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOTrainInferenceMismatch
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="warning"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: warning
+      condition: train_inference_mismatch
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+  - alert: GRPOTrainInferenceMismatch
+    expr: |-
+      max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="critical"}) == 1
+      or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+    labels:
+      severity: critical
+      condition: train_inference_mismatch
+      stage: critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
 {{- end }}
@@ -1095,6 +1161,60 @@ groups:
       severity: warning
       condition: signal_vanished
     uid: '{{ $g.uidPrefix }}-signal_vanished'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="policy_collapse"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="policy_collapse"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOPolicyCollapse
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: policy_collapse (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports policy_collapse (signals: every group without signal on every step of a window and the step''s reward the same from step to step, after the run had signal (not every group right)). PromQL cannot express it: it needs every group without signal on every step of a window (a scrape sees one step in many) and compares with the run''s own early share of such groups, which only the trainer has. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the policy collapsed to one answer for every prompt (always refuse, always the same tool call): a mode its reward pays a constant for'
+      action: stop; restore the last healthy checkpoint; lower the LR, raise beta or the temperature, and check that the reward separates the answers it sees
+      runbook_url: '{{ $runbook }}#policy_collapse'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: policy_collapse
+    uid: '{{ $g.uidPrefix }}-policy_collapse'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
@@ -2079,8 +2199,8 @@ groups:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
       model:
         expr: |-
-          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike"}) == 1
-          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="warning"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
         refId: A
         instant: true
         range: false
@@ -2116,9 +2236,9 @@ groups:
     title: GRPOLossSpike
     annotations:
       summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor)'
-      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
       cause: numerics or a bad batch
-      action: inspect the step's samples
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
       runbook_url: '{{ $runbook }}#loss_spike'
 {{- if $grafana }}
       dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
@@ -2128,6 +2248,61 @@ groups:
       severity: warning
       condition: loss_spike
     uid: '{{ $g.uidPrefix }}-loss_spike'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="loss_spike", severity="critical"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="loss_spike", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOLossSpike critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: loss_spike (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports loss_spike (signals: loss far outside its rolling band (100x its recent median); critical at four orders of magnitude). PromQL cannot express it: a spike is one step, and a scrape sees one step in every (scrape interval / step time); the trainer sees every step, and its episode counter survives the scrape gap. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: numerics or a bad batch
+      action: inspect the step's samples; at four orders of magnitude, restore the last healthy checkpoint first
+      runbook_url: '{{ $runbook }}#loss_spike'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: loss_spike
+      stage: critical
+    uid: '{{ $g.uidPrefix }}-loss_spike-critical'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
@@ -2758,6 +2933,115 @@ groups:
       severity: warning
       condition: all_wrong_rising
     uid: '{{ $g.uidPrefix }}-all_wrong_rising'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="warning"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="warning"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Error
+    for: 0s
+    noDataState: OK
+    title: GRPOTrainInferenceMismatch
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: warning
+      condition: train_inference_mismatch
+    uid: '{{ $g.uidPrefix }}-train_inference_mismatch'
+  - condition: C
+    data:
+    - datasourceUid: {{ $g.datasourceUid | toJson }}
+      model:
+        expr: |-
+          max by (job, instance, run_id) (grpo_health_condition{condition="train_inference_mismatch", severity="critical"}) == 1
+          or sum by (job, instance, run_id) (increase(grpo_health_episodes_total{condition="train_inference_mismatch", severity="critical"}[{{ include "grpo-sentinel.rules.duration" $window }}])) > 0
+        refId: A
+        instant: true
+        range: false
+        datasource:
+          type: prometheus
+          uid: {{ $g.datasourceUid | toJson }}
+      refId: A
+      relativeTimeRange:
+        from: 600
+        to: 0
+    - datasourceUid: __expr__
+      model:
+        expression: A
+        reducer: last
+        refId: B
+        type: reduce
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: B
+    - datasourceUid: __expr__
+      model:
+        expression: is_number($B) || is_nan($B) || is_inf($B)
+        refId: C
+        type: math
+        datasource:
+          type: __expr__
+          uid: __expr__
+      refId: C
+    execErrState: Alerting
+    for: 0s
+    noDataState: OK
+    title: GRPOTrainInferenceMismatch critical
+    annotations:
+      summary: '{{ "{{" }} $labels.instance {{ "}}" }}: train_inference_mismatch (the trainer''s health monitor) (at its critical stage)'
+      description: 'The trainer''s monitor reports train_inference_mismatch (signals: the sampler''s log-probs drifting from the trainer''s for the same tokens: mismatch KL (token-mean k3) above twice its early level beyond its noise; critical at 0.1, or a 10x jump in one step). PromQL cannot express it: its warning compares with the run''s own early level, which only the trainer has; its jump compares one step with the median of the steps before it, and a scrape sees one step in many. The evidence is in the trainer''s log and `grpo-sentinel diagnose`.'
+      cause: 'the sampler and the trainer compute different distributions: other precision (a bf16 sampler), other kernels, or a stale or broken weight sync (a jump: the sampler missed an update)'
+      action: check the weight sync first (a jump); sample and train in the same precision; turn on the importance-sampling correction (grpo.is_correction, TRL's vllm_importance_sampling_correction); lower the LR
+      runbook_url: '{{ $runbook }}#train_inference_mismatch'
+{{- if $grafana }}
+      dashboard_url: '{{ (regexReplaceAll "[/]+$" $grafana "") }}/d/grpo-health?var-job={{ "{{" }} $labels.job | urlquery {{ "}}" }}&var-run={{ "{{" }} $labels.run_id | urlquery {{ "}}" }}'
+{{- end }}
+    isPaused: false
+    labels:
+      severity: critical
+      condition: train_inference_mismatch
+      stage: critical
+    uid: '{{ $g.uidPrefix }}-train_inference_mismatch-critical'
   - condition: C
     data:
     - datasourceUid: {{ $g.datasourceUid | toJson }}
