@@ -5,7 +5,7 @@ points, to average out evaluation noise), per seed and as mean +- sd.
     python benchmarks/bench_learning.py --seeds 0 1 2 3 [--steps 300] [--at REV]
 
 `--at REV` also trains the same seeds with the code as it was at git revision REV (e.g. the "before"
-of docs/performance.md) and prints the difference of the mean gains with its standard error: a
+of docs/benchmarks.md) and prints the difference of the mean gains with its standard error: a
 change that should alter speed, not the algorithm, should leave it within noise.
 """
 

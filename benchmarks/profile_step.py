@@ -10,7 +10,7 @@ Evaluation (held-out set, sampled + greedy, every `run.sample_every` steps) is s
 
     python benchmarks/profile_step.py [--settings demo tok32] [--steps 12] [--at REV] [--threads N] [--clock cpu]
 
-`--at REV` profiles our step as it was at git revision REV (the "before" of docs/performance.md).
+`--at REV` profiles our step as it was at git revision REV (the "before" of docs/benchmarks.md).
 `--threads 1 --clock cpu` (CPU time of one thread) moves far less when others load the machine.
 """
 

@@ -1,4 +1,4 @@
-"""`grpo-sentinel` command line."""
+"""grpo-sentinel: GRPO post-training (LoRA) that watches its own health: metrics, alerts, diagnosis, traces."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ log = logging.getLogger("grpo_sentinel")
 EXIT_BAD_INPUT = 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grpo-sentinel", description=__doc__)
+def build_parser(width: int | None = None) -> argparse.ArgumentParser:
+    """Every command and flag (docs/reference/cli.md is generated from it, at a fixed `width`)."""
+    fmt = (lambda prog: argparse.HelpFormatter(prog, width=width)) if width else argparse.HelpFormatter
+    parser = argparse.ArgumentParser(prog="grpo-sentinel", description=__doc__, formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run GRPO (with no config: the embedded demo, 300 steps)")
     train.add_argument("--config", type=Path, help="YAML config (see examples/)")
@@ -99,8 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--allow-path", dest="allowed_paths", action="append", type=Path, metavar="DIR",
                        help="a directory submitted model and data paths may lie under (repeatable; default: the "
                             "directory the daemon starts in)")
-    _runs_parser(sub)
-    args = parser.parse_args(argv)
+    _runs_parser(sub, fmt)
+    for p in sub.choices.values():
+        p.formatter_class = fmt
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _command(build_parser().parse_args(argv))
+    except BrokenPipeError:  # `grpo-sentinel runs show ID | head`: the reader had what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
+        return 0
+
+
+def _command(args) -> int:
     if args.command == "serve":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
         from grpo_sentinel.service.daemon.serve import serve as run_daemon
@@ -130,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         return 75
 
 
-def _runs_parser(sub) -> None:
+def _runs_parser(sub, fmt) -> None:
     """`grpo-sentinel runs ...`: a daemon's runs from the command line (service/client.py)."""
     from grpo_sentinel.service.client import DEFAULT_URL, URL_ENV
 
     runs = sub.add_parser("runs", help="submit, follow and stop runs on a daemon (grpo-sentinel serve); its token "
                                        "from GRPO_SENTINEL_API_TOKEN")
     cmd = runs.add_subparsers(dest="runs_command", required=True)
+    runs.formatter_class = fmt
     daemon = argparse.ArgumentParser(add_help=False)
     daemon.add_argument("--url", help=f"the daemon's address (default ${URL_ENV}, else {DEFAULT_URL})")
     retry = argparse.ArgumentParser(add_help=False, parents=[daemon])
@@ -210,7 +226,13 @@ def _generate(args) -> int:
     except ImportError as e:  # the dashboards' SDK: a checkout installs it with the test extra
         print(f"grpo-sentinel generate: {e.name} is missing: pip install -e '.[test]'", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from grpo_sentinel.service import reference
+
     files.append(generated.Generated("docs/openapi.json", openapi_json, "service/daemon/app.py"))
+    files += [generated.Generated(f"docs/reference/{name}.md", text, "service/reference.py")
+              for name, text in (("configuration", reference.configuration), ("cli", reference.cli),
+                                 ("http-api", reference.http_api))]
+    files.append(generated.Generated("docs/index.md", reference.index, "service/reference.py (from README.md)"))
     return generated.main(files, args.check, args.root)
 
 
@@ -323,7 +345,21 @@ def _train(args) -> int:
     if result.reason:
         print(f"grpo-sentinel: {result.reason}", file=sys.stderr)
     print(f"run {result.status} at step {result.step}: {result.run_dir}")
+    _learned(run, result)
     return result.exit_code
+
+
+def _learned(run, result) -> None:
+    """What the run learned (held-out accuracy from its step-0 baseline), and what to look at next."""
+    summary = run.read_summary()
+    base, last = summary.get("baseline"), summary.get("final_eval")
+    if base and last:
+        print(f"held-out accuracy (n={last['n']}): {base['sample_acc']:.3f} at step 0 -> {last['sample_acc']:.3f} at step "
+              f"{summary.get('final_eval_step')} sampled at the training temperature; greedy {base['greedy_acc']:.3f} -> "
+              f"{last['greedy_acc']:.3f}")
+    if result.status in ("completed", "stopped_early", "halted"):
+        print(f"next: grpo-sentinel diagnose {result.run_dir} --plot run.png   (the health verdicts and the curves)\n"
+              "      grpo-sentinel serve   (the daemon: then grpo-sentinel runs submit --follow)")
 
 
 def _take_run(args, cfg):

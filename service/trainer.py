@@ -151,7 +151,7 @@ def keep_freed_memory() -> None:
 
     glibc's malloc hands large blocks (128 KiB to 32 MiB, its threshold adapts) back to the kernel when they
     are freed, so each step's activations are fresh pages that fault in one by one: ~5,000 page faults per
-    32-token demo step, 4-10 % of its CPU time (docs/performance.md). Blocks up to 32 MiB (glibc's largest
+    32-token demo step, 4-10 % of its CPU time (docs/benchmarks.md). Blocks up to 32 MiB (glibc's largest
     mmap threshold) now come from the heap, which is trimmed only above 1 GiB free. Elsewhere than glibc, a no-op.
     """
     try:

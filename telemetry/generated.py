@@ -37,6 +37,7 @@ def telemetry_files() -> list[Generated]:
         Generated("grafana/dashboards/grpo-health.json", partial(dashboard.render, "health"), board),
         Generated("grafana/dashboards/grpo-service.json", partial(dashboard.render, "service"), board),
         Generated("docs/runbook.md", runbook.markdown, f"{health}/runbook.py"),
+        Generated("docs/reference/health-table.md", runbook.health_table, f"{health}/runbook.py"),
         Generated("docs/metrics.md", catalogue.markdown, "telemetry/catalogue.py"),
     ]
 

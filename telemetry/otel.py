@@ -107,7 +107,7 @@ class ServedAndPushed(Scraped):
     """One reader for both ways out: Prometheus scrapes it, and every `interval_s` (and once at shutdown)
     the same cumulative collection is pushed through `exporter`. The SDK keeps one aggregation per reader,
     so two readers (Prometheus's and a PeriodicExportingMetricReader) would aggregate every gauge and counter
-    value twice (docs/performance.md, third round). For an exporter that wants cumulative data, as
+    value twice (docs/benchmarks.md, third round). For an exporter that wants cumulative data, as
     Prometheus does; one that prefers delta gets its own periodic reader."""
 
     def __init__(self, registry, add_histograms: AddHistograms, exporter: MetricExporter, interval_s: float):
@@ -249,7 +249,7 @@ class OTelSink:
         """Records the step on the calling (training) thread: ~60 in-memory SDK calls and a numpy pass per
         histogram series, ~0.5-1 ms, that never wait on the network (exports run on their own threads, after
         collection). A worker thread cost more wall time than it saved: 1.05x against 1.00x over the run
-        (docs/performance.md, fifth round), the training thread waiting on the hand-off."""
+        (docs/benchmarks.md, fifth round), the training thread waiting on the hand-off."""
         if self.provider is None:
             return
         try:

@@ -21,7 +21,7 @@ planned trace id, and the trace-level metadata is that root's own metadata (prop
 would land on every span, over the generations' own keys). Scores go as `score-create` events to the
 ingestion API, in the spans' environment. The spans are the Langfuse SDK's (its attribute names and
 encodings), built as finished OpenTelemetry spans without the SDK's per-span machinery, which cost
-five times our own work (measured: docs/performance.md); how they travel is telemetry/langfuse_wire.py.
+five times our own work (measured: docs/benchmarks.md); how they travel is telemetry/langfuse_wire.py.
 
 Never in the way of training: `on_step()` only enqueues (a bounded queue: a step that does not fit is
 dropped and counted); one worker thread builds each step's spans and scores and sends them in

@@ -342,3 +342,12 @@ def test_the_panels_said_to_show_a_row_exist_and_say_how_to_read_it():
         assert set(shown) <= rows, (title, set(shown) - rows)
         for row in shown:
             assert [p for p in panels if p["title"] == title and f"-> {row} (" in p["description"]], (title, row)
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_it_quietly():
+    """`grpo-sentinel rules | head -1` where the reader is gone before the command writes (the order a short output
+    meets when `head` has had its lines): exit 0 and nothing on stderr, not a BrokenPipeError traceback."""
+    p = subprocess.Popen(cli("rules"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    assert p.wait(timeout=60) == 0
+    assert p.stderr.read() == b""

@@ -61,7 +61,7 @@ def test_cusum_arl0_is_siegmunds_approximation_and_matches_a_simulation():
     # The classic design point k = 0.5, h = 4: ARL0 ~ 336 steps (Montgomery, Statistical Quality Control,
     # table of CUSUM ARLs); Siegmund gives (e^5.166 - 5.166 - 1) / 0.5 = 338.
     assert cusum_arl0(0.5, 4) == pytest.approx((math.exp(5.166) - 6.166) / 0.5) == pytest.approx(336, rel=0.01)
-    # docs/lead-time.md's figure for the detectors' h = 8: ~19,000 steps between false alarms.
+    # docs/explanation/lead-time.md's figure for the detectors' h = 8: ~19,000 steps between false alarms.
     assert cusum_arl0(0.5, 8) == pytest.approx(19_100, rel=0.01)
     # A simulated in-control CUSUM S_t = max(0, S_{t-1} + x_t - k), x ~ N(0, 1), runs that long at h = 4.
     rng = np.random.default_rng(0)

@@ -33,6 +33,11 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
                            "--set", "telemetry.linger_s=2"), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = csv_rows(tmp_path / "r")
+    # The end says what the run learned, from the step-0 baseline, and what to look at next.
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert (f"held-out accuracy (n=200): {summary['baseline']['sample_acc']:.3f} at step 0 -> "
+            f"{float(rows[-1]['sample_acc']):.3f} at step {STEPS}") in p.stdout
+    assert f"next: grpo-sentinel diagnose {tmp_path / 'r'} --plot run.png" in p.stdout
     # Every column of the record carries something on a healthy run, but the two that say what went wrong
     # and the trace links (no Langfuse here).
     assert {k for k in rows[0] if all(r[k] == "" for r in rows)} <= {"skipped", "health", "trace_ids", "eval_trace_id"}

@@ -3,7 +3,9 @@ by a real Prometheus with the alert rules; a saturating reward that stops TRL ea
 (gloo) that make one run; the built wheel; diagnose on TRL's output_dir; and what fails before training.
 """
 
+import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -52,7 +54,9 @@ def run(tmp_path_factory, demo_dir):
         trainer = trl_run.trainer(demo_dir, tmp / "out", cb, SentinelCallback.wrap_rewards([trl_run.correct, trl_run.short]),
                                   eval_rows=EVAL_PROMPTS, max_steps=STEPS, eval_steps=EVAL_EVERY, eval_on_start=True,
                                   log_completions=True)
-        trainer.train()
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            trainer.train()
         trainer.save_state()  # trainer_state.json in output_dir, as TRL's scripts leave it
         # The scrape that saw the last step (the callback lingers 1.5 s after it), before the server stops.
         assert wait_for(lambda: query('last_over_time(grpo_step{run_id="trl"}[5m])') and
@@ -69,7 +73,7 @@ def run(tmp_path_factory, demo_dir):
         last = {e: float(r[0]["value"][1]) for e in ("grpo_steps_total", "grpo_completions_total", "grpo_reward_count")
                 if (r := query(f'sum(last_over_time({e}{{run_id="trl"}}[5m]))'))}
     yield {"cb": cb, "dir": tmp / "runs" / "trl", "out": tmp / "out", "history": trainer.state.log_history,
-           "names": names, "rules": rules, "panels": panels, "last": last}
+           "names": names, "rules": rules, "panels": panels, "last": last, "said": said.getvalue(), "port": target}
 
 
 def test_prometheus_scrapes_every_series_trl_can_feed_and_none_it_cannot(run):
@@ -79,6 +83,11 @@ def test_prometheus_scrapes_every_series_trl_can_feed_and_none_it_cannot(run):
     assert not absent & run["names"], "a series TRL cannot feed was invented"
     # Counted once per optimizer step and per completion (4 prompts x G = 4 a step).
     assert run["last"] == {"grpo_steps_total": STEPS, "grpo_completions_total": STEPS * 16, "grpo_reward_count": STEPS * 16}
+
+
+def test_the_callback_says_once_where_the_record_and_the_metrics_are(run):
+    lines = [ln for ln in run["said"].splitlines() if ln.startswith("grpo-sentinel: the run record is in")]
+    assert len(lines) == 1 and str(run["dir"]) in lines[0] and f"http://127.0.0.1:{run['port']}/metrics" in lines[0]
 
 
 def test_the_committed_rules_and_dashboard_work_unchanged(run):

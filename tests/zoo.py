@@ -396,7 +396,7 @@ def repetition(rng):
 # failing, and the loss rows and no_progress were changed on them: they are now part of the fit
 # set (FIT_HEALTHY, seeds 0-299). The false-page rate is reported on REPORT_HEALTHY: other shapes
 # of the same four kinds of noise, written before any detector was run on them, on seeds 1000-1299
-# (benchmarks/bench_lead_time.py --only calibration, docs/lead-time.md).
+# (benchmarks/bench_lead_time.py --only calibration, docs/explanation/lead-time.md).
 
 
 def healthy_t3_loss(rng):
@@ -1794,7 +1794,7 @@ ZOO = {
     sampler_desync: ({"train_inference_mismatch"}, set()),
     # Lengths creeping to the cap, 90 % cut by the end: length_drift's warning held while it worsens is
     # escalated to critical (cut answers are not graded; this generator leaves the accuracy alone, which
-    # a real run would not: relabelled from "no critical" with the escalation, docs/lead-time.md).
+    # a real run would not: relabelled from "no critical" with the escalation, docs/explanation/lead-time.md).
     length_pathology: ({"length_pathology"}, {"length_capped"}),
     plateau_kl_flat: ({"plateau_kl_flat"}, {"critical"}),
     plateau_small_group: ({"plateau_small_group"}, {"critical"}),

@@ -136,7 +136,7 @@ class _LoRAFunction(torch.autograd.Function):
     The adapter is folded into the weight (W + s B A, an [out, r] x [r, in] product) for the two products
     over all N tokens, y and dx: one matmul each, and no rank-r product or add over [N, out] in the forward.
     The backward's rank-r products put r on the rows (A x^T, not x A^T): MKL runs [N, in] x [in, r] several
-    times slower than [r, in] x [in, N] (docs/performance.md). Same values and gradients as peft's
+    times slower than [r, in] x [in, N] (docs/benchmarks.md). Same values and gradients as peft's
     W x + b + s B (A x), rounded differently.
     """
 

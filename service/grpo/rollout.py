@@ -1,7 +1,7 @@
 """Sampling completions: prompts in, a padded batch of token ids and masks out; and the forward pass
 over such a batch that computes each group's shared prompt once.
 
-A decode loop of our own instead of `model.generate`, for three measured savings (docs/performance.md):
+A decode loop of our own instead of `model.generate`, for three measured savings (docs/benchmarks.md):
 the LoRA deltas are folded into the weights while sampling (one matmul per projection instead of
 three), each distinct prompt is prefilled once (a group's G completions share its prompt), and the
 loop does no per-token work beyond the forward pass, the draw and the stop check. For Llama-family

@@ -860,6 +860,8 @@ UNMEASURED_WHEN_ZERO = ("kl", "entropy", "entropy_norm", "loss", "clip_frac")
 
 
 def _not_measured(log: RunLog) -> None:
+    if log.format == "sentinel":  # our record leaves what it did not measure empty: its 0 is a measured 0
+        return  # (clip_frac with mu = 1: one update a batch, the ratio exactly 1, nothing clipped)
     _loss_is_beta_kl(log)
     for name in UNMEASURED_WHEN_ZERO:
         v = log.series.get(name)

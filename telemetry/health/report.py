@@ -52,12 +52,21 @@ def summary(log: RunLog, th: Thresholds) -> dict:
                                "windowed_sd_median": _num(np.median(wsd)) if len(wsd) else math.nan}
     if log.has("frac_zero_std"):
         out["frac_zero_std_mean"] = _num(np.nanmean(s["frac_zero_std"]))
-    if log.has("sample_acc"):
-        acc = s["sample_acc"]
-        ok = np.isfinite(acc)
-        out["sample_acc"] = {"steps": s["step"][ok].astype(int).tolist(), "values": acc[ok].round(4).tolist(),
-                             "n": log.eval_n}
+    if log.has("sample_acc") or log.baseline_acc is not None:
+        steps, acc = _accuracy(log)
+        out["sample_acc"] = {"steps": steps.astype(int).tolist(), "values": acc.round(4).tolist(), "n": log.eval_n}
     return out
+
+
+def _accuracy(log: RunLog) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out evaluations (steps, accuracy), from the step-0 baseline when the record has it."""
+    s = log.series
+    acc = s.get("sample_acc", np.full(len(log), np.nan))
+    ok = np.isfinite(acc)
+    steps, values = s["step"][ok], acc[ok]
+    if log.baseline_acc is not None and not (len(steps) and steps[0] == 0):
+        steps, values = np.concatenate([[0.0], steps]), np.concatenate([[log.baseline_acc], values])
+    return steps, values
 
 
 def _num(x) -> float:
@@ -188,13 +197,14 @@ def plot(diag: Diagnosis, log: RunLog, th: Thresholds, path) -> None:
     s, w = log.series, th.window
     panels = [n for n in ("reward", "kl", "loss", "entropy", "frac_zero_std", "response_len") if log.has(n)]
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.0 * len(panels)), sharex=True, squeeze=False)
+    axes[0, 0].set_xlim(0 if log.baseline_acc is not None else s["step"][0], s["step"][-1])
     colours = {"critical": "tab:red", "warning": "tab:orange", "info": "tab:blue"}
     for ax, name in zip(axes[:, 0], panels):
         ax.plot(s["step"], s[name], color="0.7", lw=0.6)
         ax.plot(s["step"], moving_average(s[name], w), color="black", lw=1.4, label=f"{w}-step mean")
-        if name == "reward" and log.has("sample_acc"):
-            ok = np.isfinite(s["sample_acc"])
-            ax.plot(s["step"][ok], s["sample_acc"][ok], "o-", color="tab:green", ms=3, label="held-out accuracy")
+        if name == "reward" and (log.has("sample_acc") or log.baseline_acc is not None):
+            steps, acc = _accuracy(log)  # from the step-0 baseline: what the run learned
+            ax.plot(steps, acc, "o-", color="tab:green", ms=3, label="held-out accuracy")
             ax.legend(loc="upper left", fontsize=7)
         for c in diag.conditions:
             ax.axvspan(c.first_step, max(c.last_step, c.first_step + 1), color=colours[c.severity], alpha=0.15)

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 from dataclasses import replace
 from importlib import metadata
@@ -454,8 +455,11 @@ class _Run:
                            rows=f"each row of steps.csv holds TRL's means over its steps_in_row optimizer steps "
                                 f"(logging_steps={state.logging_steps}; grad_norm and lr: the row's last step)")
         atexit.register(self._exit)
-        log.info("SentinelCallback: run %s (TRL %s)%s", self.dir, cb.trl_version,
-                 f", metrics on port {cb.metrics_port}" if cb.metrics_port else "")
+        # Once, where a user of a script sees it (a library's INFO log is off by default): where everything goes.
+        host = cb.telemetry.prometheus_host
+        print(f"grpo-sentinel: the run record is in {self.dir} (steps.csv, summary.json; `grpo-sentinel diagnose "
+              f"{self.dir}` reads it)" + (f"; metrics at http://{host}:{cb.metrics_port}/metrics" if cb.metrics_port
+                                         else ""), file=sys.stderr, flush=True)
 
     # -- one log ---------------------------------------------------------------------------------
 
