@@ -217,8 +217,8 @@ def _dashboard(args) -> int:
 
 
 def _generate(args) -> int:
-    """telemetry/generated.py's files and the service's one: the daemon's OpenAPI document."""
-    from grpo_sentinel.service.daemon.app import openapi_json
+    """telemetry/generated.py's files and the service's: the daemon's OpenAPI document, the reference pages."""
+    from grpo_sentinel.service import reference
     from grpo_sentinel.telemetry import generated
 
     try:
@@ -226,14 +226,7 @@ def _generate(args) -> int:
     except ImportError as e:  # the dashboards' SDK: a checkout installs it with the test extra
         print(f"grpo-sentinel generate: {e.name} is missing: pip install -e '.[test]'", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from grpo_sentinel.service import reference
-
-    files.append(generated.Generated("docs/openapi.json", openapi_json, "service/daemon/app.py"))
-    files += [generated.Generated(f"docs/reference/{name}.md", text, "service/reference.py")
-              for name, text in (("configuration", reference.configuration), ("cli", reference.cli),
-                                 ("http-api", reference.http_api))]
-    files.append(generated.Generated("docs/index.md", reference.index, "service/reference.py (from README.md)"))
-    return generated.main(files, args.check, args.root)
+    return generated.main(files + reference.service_files(), args.check, args.root)
 
 
 class Signals:

@@ -140,3 +140,14 @@ def index() -> str:
     text = (checkout() / "README.md").read_text().replace("](docs/", "](")
     text = re.sub(r"\n## Documentation\n.*?(?=\n## )", "\n", text, flags=re.S)
     return ("<!-- Generated from README.md by `grpo-sentinel generate`; edit the README. -->\n" + text)
+
+
+def service_files() -> list:
+    """The files the service half generates (telemetry/generated.py lists the telemetry half's)."""
+    from grpo_sentinel.service.daemon.app import openapi_json
+    from grpo_sentinel.telemetry.generated import Generated
+
+    return [Generated("docs/openapi.json", openapi_json, "service/daemon/app.py"),
+            *(Generated(f"docs/reference/{name}.md", text, "service/reference.py")
+              for name, text in (("configuration", configuration), ("cli", cli), ("http-api", http_api))),
+            Generated("docs/index.md", index, "service/reference.py (from README.md)")]

@@ -194,6 +194,20 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                     [_q(_sel(m, "grpo_repetition_rate"), "repeated 4-grams"), _q(_ma(m, "grpo_repetition_rate"), "moving mean")],
                     "percentunit", 0, 1),
     ]
+    mismatch = [
+        _timeseries("Train/inference mismatch", "Token-mean k3 KL between the sampler's and the trainer's log-probs of "
+                    "the sampled tokens (~1e-13 when both are float32 forwards of the same weights, 1e-4 to 1e-3 for a bf16 "
+                    "sampler), and its moving mean.",
+                    [_q(_sel(m, "grpo_mismatch_kl"), "mismatch KL"), _q(_ma(m, "grpo_mismatch_kl"), "moving mean")],
+                    w=8),
+        _timeseries("Log-prob gap", "Mean and largest |log p_trainer - log p_sampler| of the step's tokens.",
+                    [_q(_sel(m, "grpo_mismatch_logp_diff_mean"), "mean"), _q(_sel(m, "grpo_mismatch_logp_diff_max"), "max")],
+                    w=8),
+        _timeseries("Importance ratio", "p_trainer / p_sampler per token before any correction (1 where they agree), "
+                    "and the share of tokens grpo.is_correction truncated or masked.",
+                    [_q(f"max by (stat) ({_sel(m, 'grpo_importance_ratio')})", "{{stat}}"),
+                     _q(_sel(m, "grpo_importance_masked_fraction"), "masked or truncated")], w=8),
+    ]
     distributions = [
         _heatmap(m, "Reward distribution", "grpo_reward", "Per-completion reward: a healthy run moves mass upwards while "
                  "keeping spread within groups."),
@@ -262,7 +276,8 @@ def panels(m: Monitoring = Monitoring()) -> list[tuple[str, list]]:
                     [_q(_sel(m, "grpo_rank_peak_memory_bytes"), "rank {{rank}}")], "bytes"),
     ]
     return [("Health", overview), ("Reward and signal", reward), ("KL and loss", kl_loss), ("Entropy", entropy),
-            ("Advantages", advantages), ("Lengths", lengths), ("Distributions", distributions), ("Throughput", throughput),
+            ("Advantages", advantages), ("Lengths", lengths), ("Sampler vs trainer", mismatch), ("Distributions", distributions),
+            ("Throughput", throughput),
             ("Ranks", ranks)]
 
 

@@ -114,7 +114,7 @@ PANEL_ROWS: dict[str, tuple[str, ...]] = {
     "Skipped updates": ("nonfinite",),
     "Reward": ("reward_saturated", "plateau_grader_loose", "kl_runaway", "no_progress"),
     "Held-out accuracy vs reward": ("reward_hacking", "late_degradation", "plateau_grader_loose"),
-    "Groups without signal": ("signal_vanished", "kl_dominant", "plateau_small_group"),
+    "Groups without signal": ("signal_vanished", "kl_dominant", "plateau_small_group", "policy_collapse"),
     "KL to the reference": ("kl_runaway", "kl_dominant", "plateau_kl_flat", "kl_offset"),
     "Loss": ("loss_spike", "loss_blowup", "kl_only_learning"),
     "Gradient norm": ("grad_norm_spike", "zero_gradient"),
@@ -125,4 +125,5 @@ PANEL_ROWS: dict[str, tuple[str, ...]] = {
     "Completion length": ("length_pathology",),
     "Truncation": ("length_capped",),
     "Repetition": ("repetition",),
+    "Train/inference mismatch": ("train_inference_mismatch",),
 }
