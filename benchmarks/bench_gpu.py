@@ -8,7 +8,9 @@ ours (the fused decode step, captured once per sampling call as a CUDA graph and
 with that step launched op by op (`ours_eager`: what the graph saves), ours with HF's forward for every
 token (`ours_exact`: what the fused step saves), and TRL (skipped, and said, where TRL is not installed).
 First, `check`: the decoder's log-probabilities against HF's forward along its own trajectory, captured and
-op by op (the contract tests/test_rollout.py holds on the CPU, where no graph is captured). After warm-up
+op by op (the contract tests/test_rollout.py holds on the CPU, where no graph is captured). Each of our variants
+also prints the train/inference mismatch its last step recorded: our bf16 decoder against the bf16 trainer (vLLM
+cannot run there: the GPU machine has no vLLM and its wheels cannot travel). After warm-up
 steps, the median step time gives completions/s and completion tokens/s, and torch.cuda.max_memory_allocated
 the peak. Built to finish within 8 minutes on one H100/H200-class GPU.
 
@@ -73,7 +75,10 @@ def worker_ours(path: Path, max_new: int, steps: int, device: str, decoding: str
         times.append(time.perf_counter() - t0)
         if len(times) == 2 and device == "cuda":  # peak of the measured steps, not of loading
             torch.cuda.reset_peak_memory_stats()
-    return {"times": times, "tokens": float(stats.response_len) * G * PROMPTS, "peak": _peak(device)}
+    # The train/inference mismatch of our own decoder (bf16, LoRA folded, the captured step) against the trainer's
+    # bf16 forward of the same tokens: what the mismatch row reads on a GPU run without vLLM.
+    return {"times": times, "tokens": float(stats.response_len) * G * PROMPTS, "peak": _peak(device),
+            "mismatch": {k: getattr(stats, k) for k in ("mismatch_kl", "logp_diff_mean", "logp_diff_max")}}
 
 
 def worker_check(path: Path, max_new: int, steps: int, device: str) -> dict:
@@ -245,6 +250,10 @@ def main() -> None:
             peak = f"{r['peak'] / 2**30:.1f} GiB" if r["peak"] == r["peak"] else "n/a on CPU"
             print(f"  {variant:<10} {sec:6.2f} s/step  {G * PROMPTS / sec:7.1f} completions/s  "
                   f"{r['tokens'] / sec:8.0f} completion tokens/s  peak {peak}", flush=True)
+            if "mismatch" in r:  # sampler (our decoder) vs trainer, bf16 both, the last step
+                m = r["mismatch"]
+                print(f"  {'':<10} mismatch KL {m['mismatch_kl']:.3g}, mean |log-prob gap| {m['logp_diff_mean']:.3g}, "
+                      f"max {m['logp_diff_max']:.3g}", flush=True)
         for other in [v for v in results if v != "ours" and "ours" in results]:
             print(f"  ours / {other}: {results[other]['sec'] / results['ours']['sec']:.2f}x")
         print(f"  total {time.perf_counter() - t_start:.0f} s")

@@ -533,3 +533,28 @@ def test_a_reward_component_that_never_pays_is_not_the_correctness(tmp_path):
     log = load(tmp_path / "m.csv")
     assert noted(log, "reward_correctness_reward is 0 on every row while the reward is not: not read as the correctness")
     assert log.series["train_acc"][-1] == pytest.approx(0.6)
+
+
+def test_a_trl_log_whose_sampler_stops_agreeing_pages_the_mismatch_and_one_that_agrees_does_not(tmp_path):
+    """TRL 1.16 with vLLM logs the mean |log-prob gap| (sampling/sampling_logp_difference/mean) and the importance
+    ratio after its masking; diagnose bounds the mismatch KL from the gap (d^2 / 2). Agreeing: a gap ~0.01 (a bf16
+    sampler), steady. Out of sync from step 60 (a weight sync that stopped): the gap jumps to ~0.3 and grows."""
+    rng = np.random.default_rng(0)
+
+    def state(gap):
+        history = [{"step": s, "loss": 0.01, "reward": 0.5, "rewards/accuracy_reward/mean": 0.5, "learning_rate": 1e-6,
+                    "sampling/sampling_logp_difference/mean": float(g), "sampling/sampling_logp_difference/max": float(3 * g),
+                    "sampling/importance_sampling_ratio/min": 0.0, "sampling/importance_sampling_ratio/mean": 0.99,
+                    "sampling/importance_sampling_ratio/max": 2.9} for s, g in enumerate(gap, start=1)]
+        return json.dumps({"log_history": history})
+
+    agree = 0.01 * np.exp(0.1 * rng.standard_normal(120))
+    desync = agree.copy()
+    desync[59:] = np.linspace(0.3, 0.6, 61)
+    for name, gap in (("agree", agree), ("desync", desync)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "trainer_state.json").write_text(state(gap))
+    assert not [c for c in diagnose(load(tmp_path / "agree")).conditions if c.id == "train_inference_mismatch"]
+    paged = [c for c in diagnose(load(tmp_path / "desync")).conditions if c.id == "train_inference_mismatch"]
+    assert paged and paged[0].severity == "critical" and paged[0].first_step == 60, paged
+    assert "after TRL's truncation or masking" in paged[0].evidence and "from the mean |log-prob gap|" in paged[0].evidence
