@@ -132,7 +132,7 @@ def oracle_step(gen, runs: int = 200, rate: float = ORACLE_RATE) -> int | None:
     before the onset). The level, not the line before the onset: a healthy run's reward flattens (diminishing
     returns), so what it would have done next is not knowable, only where it stood. No detector that must also
     find the onset and the shape does better, so damage - this step bounds the lead any detector can reach at
-    that rate (docs/explanation/lead-time.md, fifth pass)."""
+    that rate (docs/lead-time.md in git history, fifth pass)."""
     import zoo
 
     signal = next((v for k, v in ORACLE_SIGNAL.items() if k in gen.__name__), None)
@@ -443,7 +443,7 @@ def main() -> None:
         report["zoo_report2"] = held2 = zoo_table(zoo.SLOW_REPORT2_SEEDS[:args.seeds])
         print_zoo(held2, "report set 2, seeds 2000-%d" % (1999 + min(args.seeds, len(zoo.SLOW_REPORT2_SEEDS))))
         # Report sets 3-6 and 8-17: new shapes of the slow pathologies (and new healthy families, below), each committed
-        # before any detector ran on it and measured once; docs/explanation/lead-time.md says which pass fitted on which.
+        # before any detector ran on it and measured once; docs/explanation/lead-time.md says what was fitted on what.
         for k, gens, seeds, label in ((3, zoo.REPORT3_SLOW, zoo.SLOW_REPORT3_SEEDS, "new shapes, seen"),
                                       (4, zoo.REPORT4_SLOW, zoo.SLOW_REPORT4_SEEDS, "new shapes, seen"),
                                       (5, zoo.REPORT5_SLOW, zoo.SLOW_REPORT5_SEEDS, "new shapes, seen"),

@@ -50,6 +50,7 @@ class Result:
     name: str
     expect: str
     causes: tuple[str, ...]
+    declared: str = ""  # a report set's declaration (SOURCE `declared`): committed before any detector read it
     absent: bool = False  # the log is not on this machine (see the module docstring)
     stale: str = ""  # a file found under the log's name whose sha256 is not SOURCE's: not scored
     refused: str = ""  # the ingester's message when it refused the log
@@ -90,7 +91,7 @@ def run_one(folder: Path, logs: Path = LOGS, changed: dict | None = None) -> Res
     expect = source["expect"]
     if expect not in LABELS:
         raise ValueError(f"{folder}/SOURCE: expect must be one of {LABELS}, got {expect!r}")
-    r = Result(folder.name, expect, tuple(source.get("causes") or ()))
+    r = Result(folder.name, expect, tuple(source.get("causes") or ()), declared=str(source.get("declared") or ""))
     path = find_log(folder, source["log"], logs)
     if path is None:
         r.absent = True

@@ -409,9 +409,11 @@ def test_nothing_judged_says_could_not_judge(tmp_path):
 
 
 def test_the_real_corpus_agrees_with_its_authors():
-    """benchmarks/wild/: no log refused; no critical page on a run its authors call healthy; every failure
-    they document paged with a cause that reads it. The floor is the count reached when this test was
-    written (benchmarks/bench_wild.py prints the table); it may only rise."""
+    """benchmarks/wild/. The fit set (the logs the detectors were designed and checked on): no log refused, no
+    critical page on a run its authors call healthy, every failure they document paged with a cause that reads
+    it. The issue-41 report set (SOURCE `declared`, committed before any detector read it, measured once:
+    docs/explanation/lead-time.md): at least the agreement it was reported with, 9 of its 13 scored logs, and no
+    refusal but the one it reported (a notebook whose training output is free text). Floors: they may only rise."""
     import sys
     from pathlib import Path
 
@@ -419,13 +421,18 @@ def test_the_real_corpus_agrees_with_its_authors():
     from bench_wild import evaluate
 
     results = evaluate()
-    present = [r for r in results if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
-    assert len(results) >= 27 and len(present) >= 2 and not [r.name for r in results if r.refused]
+    fit = [r for r in results if not r.declared]
+    report = [r for r in results if r.declared and not r.absent]
+    present = [r for r in fit if not r.absent]  # fetched logs live in shared/wild/; the fixtures are here
+    assert len(fit) >= 27 and len(present) >= 2 and not [r.name for r in fit if r.refused]
     assert not [r.stale for r in results if r.stale]  # a file under a log's name that is not SOURCE's version
-    assert not [r.name for r in results if r.expect == "healthy" and r.critical]
-    assert not [r.name for r in results if r.expect == "failure" and r.agrees is False]  # None: absent
+    assert not [r.name for r in fit if r.expect == "healthy" and r.critical]
+    assert not [r.name for r in fit if r.expect == "failure" and r.agrees is False]  # None: absent
     # 17 of 27 logs agree with their authors when all are fetched (the rest: no statement, mixed, or too short)
-    assert sum(bool(r.agrees) for r in results) >= (17 if len(present) == len(results) else 1)
+    assert sum(bool(r.agrees) for r in fit) >= (17 if len(present) == len(fit) else 1)
+    if len(report) == len([r for r in results if r.declared]):  # the whole report set is here
+        assert sum(bool(r.agrees) for r in report) >= 9
+        assert {r.name for r in report if r.refused} <= {"thelmbook-grpo-scratch-qwen15b"}
 
 
 def test_the_benchmarks_diagnose_with_thresholds_a_run_may_set():

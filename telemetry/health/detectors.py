@@ -665,7 +665,7 @@ def _escalate(c: _Ctx, cid: str, alarm: np.ndarray, raw: np.ndarray | None, sign
 
     - forecast (`forecast` = (mask, words), from _trend/_forecast): the warning, and the signal at its
       present trend reaching the row's failure level within the horizon. It comes with the warning
-      when the trend is already clear, so it is the stage that leads (third pass, docs/explanation/lead-time.md).
+      when the trend is already clear, so it is the stage that leads (the third pass of docs/lead-time.md, in git history).
     - escalated (`raw` given): the warning held, with its signal (the w moving mean of `raw`;
       `sign` = +1 where higher is worse) worse than a window earlier by two standard errors of that
       difference (2 sqrt 2 se, se from the step-to-step noise, as kl_acceleration's), on every step
@@ -804,14 +804,14 @@ def kl_rows(c: _Ctx) -> None:
     # the growth held a fourth window (m2 > m3; sixth pass): a KL swinging with a cyclic learning rate
     # is as convex as an exponential for a window or two out of each trough. With that guard `kl_accel`
     # came down from 2 (an exponential doubling within a window, which a slow one passed only after the
-    # damage) to 1.25 (docs/explanation/lead-time.md, sixth pass: fitted on the seen sets). The fourth window's rise
+    # damage) to 1.25 (docs/lead-time.md in git history, sixth pass: fitted on the seen sets). The fourth window's rise
     # (d0 = m2 - m3) must clear 2 sd of that difference (2 sqrt 2 se), and the growth must already have
     # sped up the window before (d1 - d0 by 2 of its sd, 2 sqrt 6 se; HELD_Z; seventh pass): the growth
     # speeds up two windows in a row. A KL whose slope steps up (a warm-up ending, a schedule change) shows
     # a ratio of 2 or more for the window past the step, but the windows before it rose at one slope or
     # not at all: with a coin-flip m2 > m3, half of such runs warned. An exponential's d0 = d1 / r and
     # d1 - d0 = d1 (r - 1) / r clear both by the time the ratio test passes unless it doubles within a
-    # window (docs/explanation/lead-time.md, seventh pass: 0 to 4 steps of lead). se comes from the
+    # window (docs/lead-time.md in git history, seventh pass: 0 to 4 steps of lead). se comes from the
     # step-to-step noise (a trend is not noise: with the window's raw sd a steep rise would hide
     # itself), computed as the rule computes it.
     w, a = c.w, c.th.kl_accel
