@@ -14,6 +14,7 @@ until curl -fs "$GRPO_SENTINEL_URL/readyz" >/dev/null; do sleep 0.2; done   # re
 # A run is a config, as `grpo-sentinel train --config` reads it; `--set` changes a field.
 grpo-sentinel runs submit --set run.run_id=first --set run.steps=20 --set run.sample_every=10 --follow
 grpo-sentinel runs submit --set run.run_id=second --set run.steps=2000   # queued behind nothing: it starts
+until grpo-sentinel runs show second --output json | grep -q '"status": "running"'; do sleep 0.2; done
 grpo-sentinel runs list
 grpo-sentinel runs show first
 grpo-sentinel runs report first | head -20

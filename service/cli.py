@@ -346,7 +346,7 @@ def _learned(run, result) -> None:
     """What the run learned (held-out accuracy from its step-0 baseline), and what to look at next."""
     summary = run.read_summary()
     base, last = summary.get("baseline"), summary.get("final_eval")
-    if base and last:
+    if base and last and summary.get("final_eval_step"):  # evaluated after step 0: something to compare
         print(f"held-out accuracy (n={last['n']}): {base['sample_acc']:.3f} at step 0 -> {last['sample_acc']:.3f} at step "
               f"{summary.get('final_eval_step')} sampled at the training temperature; greedy {base['greedy_acc']:.3f} -> "
               f"{last['greedy_acc']:.3f}")

@@ -51,7 +51,9 @@ def _workspace(tmp_path: Path) -> dict:
 RUNNABLE = [p for p in PAGES if any(marker == "runnable" for _, marker, _ in shell_blocks(p))]
 
 
+# One xdist worker runs them in turn (`-n 2 --dist loadgroup`): the pages train on the default /metrics port.
 @pytest.mark.slow
+@pytest.mark.xdist_group("docs")
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_runnable_commands_of_a_page_run(page, tmp_path, demo_dir):
     script = "\n".join(code for _, marker, code in shell_blocks(page) if marker == "runnable")
@@ -62,6 +64,7 @@ def test_the_runnable_commands_of_a_page_run(page, tmp_path, demo_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("docs")
 def test_the_daemon_walkthrough_runs(tmp_path, demo_dir):
     p = subprocess.run(["bash", str(REPO / "examples" / "daemon_walkthrough.sh")], cwd=tmp_path,
                        env=_workspace(tmp_path), capture_output=True, text=True, timeout=600)
@@ -70,6 +73,7 @@ def test_the_daemon_walkthrough_runs(tmp_path, demo_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("docs")
 def test_the_trl_example_runs_and_says_where_its_record_is(tmp_path, demo_dir):
     p = subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo.py")], cwd=tmp_path,
                        env={**_workspace(tmp_path), "STEPS": "4"}, capture_output=True, text=True, timeout=600)
