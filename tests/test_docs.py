@@ -4,11 +4,13 @@ session, in a fresh directory holding copies of examples/ and deploy/, grpo-sent
 cached), or `<!-- needs: gpu | cluster | install | langfuse | prometheus -->` (a GPU, a Kubernetes cluster, a pip
 install or a venv, a Langfuse server, a Prometheus of the reader's). The examples in examples/ run too."""
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,15 @@ def test_every_shell_block_says_whether_it_runs_here():
     assert sum(marker == "runnable" for p in PAGES for _, marker, _ in shell_blocks(p)) >= 5
 
 
+@pytest.fixture(autouse=True)
+def one_at_a_time():
+    """The docs' commands train on the default /metrics port, as a reader's do: under `pytest -n 2` two pages at
+    once would collide on it. A lock file taken by each of these tests serialises them, whatever the worker."""
+    with open(Path(tempfile.gettempdir()) / "grpo-sentinel-docs-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _workspace(tmp_path: Path) -> dict:
     for folder in ("examples", "deploy"):
         shutil.copytree(REPO / folder, tmp_path / folder)
@@ -51,9 +62,7 @@ def _workspace(tmp_path: Path) -> dict:
 RUNNABLE = [p for p in PAGES if any(marker == "runnable" for _, marker, _ in shell_blocks(p))]
 
 
-# One xdist worker runs them in turn (`-n 2 --dist loadgroup`): the pages train on the default /metrics port.
 @pytest.mark.slow
-@pytest.mark.xdist_group("docs")
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_runnable_commands_of_a_page_run(page, tmp_path, demo_dir):
     script = "\n".join(code for _, marker, code in shell_blocks(page) if marker == "runnable")
@@ -64,7 +73,6 @@ def test_the_runnable_commands_of_a_page_run(page, tmp_path, demo_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("docs")
 def test_the_daemon_walkthrough_runs(tmp_path, demo_dir):
     p = subprocess.run(["bash", str(REPO / "examples" / "daemon_walkthrough.sh")], cwd=tmp_path,
                        env=_workspace(tmp_path), capture_output=True, text=True, timeout=600)
@@ -73,7 +81,6 @@ def test_the_daemon_walkthrough_runs(tmp_path, demo_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("docs")
 def test_the_trl_example_runs_and_says_where_its_record_is(tmp_path, demo_dir):
     p = subprocess.run([sys.executable, str(REPO / "examples" / "trl_grpo.py")], cwd=tmp_path,
                        env={**_workspace(tmp_path), "STEPS": "4"}, capture_output=True, text=True, timeout=600)
