@@ -226,7 +226,7 @@ def _generate(args) -> int:
     except ImportError as e:  # the dashboards' SDK: a checkout installs it with the test extra
         print(f"grpo-sentinel generate: {e.name} is missing: pip install -e '.[test]'", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return generated.main(files + reference.service_files(), args.check, args.root)
+    return generated.main(files + reference.service_files(build_parser), args.check, args.root)
 
 
 class Signals:

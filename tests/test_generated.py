@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 from grpo_sentinel.service import reference
+from grpo_sentinel.service.cli import build_parser
 from grpo_sentinel.telemetry import generated
 from helpers import REPO, cli
 
@@ -12,12 +13,13 @@ from helpers import REPO, cli
 def test_every_generated_file_is_current():
     p = subprocess.run(cli("generate", "--check"), capture_output=True, text=True)
     assert p.returncode == 0, p.stderr  # names each stale file: run `grpo-sentinel generate`
-    assert f"all {len(generated.telemetry_files() + reference.service_files())} generated files are current" in p.stdout
+    n = len(generated.telemetry_files() + reference.service_files(build_parser))
+    assert f"all {n} generated files are current" in p.stdout
 
 
 def test_the_list_holds_every_file_that_says_it_is_generated():
     """A file that calls itself generated (a header, a doc's first lines) is on the list, so --check sees it."""
-    listed = {f.path for f in generated.telemetry_files() + reference.service_files()}
+    listed = {f.path for f in generated.telemetry_files() + reference.service_files(build_parser)}
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     claims = {path for path in tracked if (REPO / path).is_file() and not (REPO / path).is_symlink()
               and path.endswith((".md", ".yml", ".yaml", ".tpl", ".json"))
@@ -29,7 +31,7 @@ def test_the_list_holds_every_file_that_says_it_is_generated():
 
 def test_check_names_a_stale_and_a_missing_file_and_generate_fixes_them(tmp_path):
     root = tmp_path / "checkout"
-    for f in [*generated.telemetry_files(), *reference.service_files()[1:]]:  # every one but docs/openapi.json
+    for f in [*generated.telemetry_files(), *reference.service_files(build_parser)[1:]]:  # every one but docs/openapi.json
         (root / f.path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / f.path, root / f.path)
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")

@@ -93,9 +93,10 @@ def test_the_callback_says_once_where_the_record_and_the_metrics_are(run):
 def test_the_committed_rules_and_dashboard_work_unchanged(run):
     broken = [(r["name"], r.get("lastError")) for g in run["rules"] for r in g["rules"] if r["health"] != "ok"]
     assert not broken, broken
-    # Every panel has data but those reading what TRL cannot feed (per-completion KL and entropy, per-rank times).
+    # Every panel has data but those reading what TRL cannot feed (per-completion KL and entropy, per-rank times) or
+    # feeds only when it samples with vLLM (the train/inference mismatch: this run samples with transformers).
     empty = [p for p, has in run["panels"].items() if not has]
-    assert empty and all(re.search(r"grpo_(kl_bucket|entropy_bucket|rank_)", p) for p in empty), empty
+    assert empty and all(re.search(r"grpo_(kl_bucket|entropy_bucket|rank_|mismatch_|importance_)", p) for p in empty), empty
 
 
 def test_the_record_has_one_row_per_logged_step_with_trls_values(run):
