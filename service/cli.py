@@ -337,8 +337,8 @@ def _train(args) -> int:
         return result.exit_code
     if result.reason:
         print(f"grpo-sentinel: {result.reason}", file=sys.stderr)
-    print(f"run {result.status} at step {result.step}: {result.run_dir}")
     _learned(run, result)
+    print(f"run {result.status} at step {result.step}: {result.run_dir}")  # last, for scripts: `tail -1`
     return result.exit_code
 
 

@@ -38,6 +38,7 @@ def test_prometheus_scrapes_every_catalogue_metric_and_agrees_with_the_record(tm
     assert (f"held-out accuracy (n=200): {summary['baseline']['sample_acc']:.3f} at step 0 -> "
             f"{float(rows[-1]['sample_acc']):.3f} at step {STEPS}") in p.stdout
     assert f"next: grpo-sentinel diagnose {tmp_path / 'r'} --plot run.png" in p.stdout
+    assert p.stdout.strip().splitlines()[-1] == f"run completed at step {STEPS}: {tmp_path / 'r'}"  # last, for scripts
     # Every column of the record carries something on a healthy run, but the two that say what went wrong
     # and the trace links (no Langfuse here).
     assert {k for k in rows[0] if all(r[k] == "" for r in rows)} <= {"skipped", "health", "trace_ids", "eval_trace_id"}
