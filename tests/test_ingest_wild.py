@@ -109,7 +109,8 @@ def test_verl_jsonl(tmp_path):
                 "actor/kl_loss": 0.001 * s, "actor/pg_loss": 0.01 * float(rng.standard_normal()),
                 "actor/entropy": 1.1, "actor/ppo_kl": 1e-4, "response_length/mean": 300.0,
                 "response_length/max": 1024.0 if s % 7 == 0 else 900.0, "response_length/clip_ratio": 0.02,
-                "actor/grad_norm": 0.2, "actor/lr": 1e-6, "timing_s/step": 30.0}
+                "actor/grad_norm": 0.2, "actor/lr": 1e-6, "timing_s/step": 30.0,
+                "rollout_corr/k3_kl": 2e-4, "training/rollout_probs_diff_mean": 0.003}
         if s % 10 == 0:
             data["val-core/openai/gsm8k/acc/mean@1"] = 0.6
         lines.append(json.dumps({"step": s, "data": data}))
@@ -121,6 +122,8 @@ def test_verl_jsonl(tmp_path):
     assert noted(log, "critic/score/mean -> reward") and noted(log, "actor/pg_loss -> loss")
     assert noted(log, "actor/ppo_kl (old-vs-new policy KL") and noted(log, "critic/rewards/mean (duplicate of")
     assert log.max_new_tokens == 1024 and noted(log, "max_new_tokens = 1024, inferred from response_len_max")
+    # the train/inference mismatch: verl's k3 is read; its older gap in probability space is not that scale
+    assert log.series["mismatch_kl"][-1] == 2e-4 and noted(log, "rollout_probs_diff_mean (verl's sampler-vs-trainer gap")
 
 
 def test_openrlhf_jsonl(tmp_path):

@@ -92,6 +92,10 @@ IGNORED = {
     "kl_coef": "a setting, not a signal", "beta": "a setting, not a signal",
     # OpenRLHF: the policy against the reference model, already read as KL; not the sampler against the trainer.
     "logprobs_diff": "OpenRLHF's policy-minus-reference log-prob, not the train/inference mismatch",
+    # verl before rollout_corr/* (0.4-0.5): |p_rollout - p_train| in probability space, not on the log-prob scale
+    # the mismatch row judges; its rollout_corr/* names are read.
+    **{f"training/rollout_probs_diff_{s}": "verl's sampler-vs-trainer gap in probability, not log-probability: no row "
+       "reads it (its rollout_corr/* names are read)" for s in ("mean", "max", "std")},
     "_runtime": "W&B's seconds since the run started", "_timestamp": "W&B's wall-clock time",
 }
 
