@@ -6,7 +6,7 @@ runs went from 0.11 s a step alone to 0.47 s each, where with one thread each th
 (benchmarks/bench_concurrent.py). So a training process takes its share of the cores it may use
 (`os.sched_getaffinity`: a taskset, a cgroup's cpuset, a Kubernetes CPU limit), and the processes that train on
 the same cores share them: each registers in a directory (`GRPO_SENTINEL_CPU_DIR`, default
-/dev/shm/grpo-sentinel-cpu) with a file it holds locked for its life, so a process that dies, however it dies,
+/dev/shm/grpo-sentinel-cpu-<uid>) with a file it holds locked for its life, so a process that dies, however it dies,
 leaves no claim behind; at each step boundary (at most once a second) it counts the live ones on its cores and
 takes cores // count threads. Ranks of one run are processes like any other: two ranks on 2 cores get one each.
 

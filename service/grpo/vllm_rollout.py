@@ -13,8 +13,8 @@ policy's LoRA adapter handed over after every optimizer step.
   `logprobs_mode="processed_logprobs"`: each sampled token's log-prob after temperature and top-p, the
   distribution it was drawn from, as our decoder returns it (rollout.SamplingDraw) and TRL compares it.
 - On a CPU vLLM binds its worker to one core (VLLM_CPU_OMP_THREADS_BIND): the last of the cores this process
-  may use, which the trainer then leaves to it (cpu.CpuShare.reserve), so their threads never spin against each
-  other; its KV cache is `rollout.vllm.kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE).
+  may use, which the trainer then leaves to it (cpu.CpuShare.spare_core, give_up), so their threads never spin
+  against each other; its KV cache is `rollout.vllm.kv_cache_gib` (VLLM_CPU_KVCACHE_SPACE).
 - Creating the engine sets variables in this process's environment (LD_PRELOAD of its libgomp, LOCAL_WORLD_SIZE,
   ...) that every later child would inherit: they are restored once it runs.
 
