@@ -83,7 +83,7 @@ def backends(steps: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--backends", action="store_true", help="also time both rollout backends (needs vLLM)")
+    ap.add_argument("--backends", action="store_true", help="time the two rollout backends instead (needs vLLM)")
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     print(machine())

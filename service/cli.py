@@ -19,10 +19,9 @@ log = logging.getLogger("grpo_sentinel")
 EXIT_BAD_INPUT = 2
 
 
-def build_parser(width: int | None = None) -> argparse.ArgumentParser:
-    """Every command and flag (docs/reference/cli.md is generated from it, at a fixed `width`)."""
-    fmt = (lambda prog: argparse.HelpFormatter(prog, width=width)) if width else argparse.HelpFormatter
-    parser = argparse.ArgumentParser(prog="grpo-sentinel", description=__doc__, formatter_class=fmt)
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and flag (docs/reference/cli.md is generated from it)."""
+    parser = argparse.ArgumentParser(prog="grpo-sentinel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run GRPO (with no config: the embedded demo, 300 steps)")
     train.add_argument("--config", type=Path, help="YAML config (see examples/)")
@@ -101,9 +100,7 @@ def build_parser(width: int | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--allow-path", dest="allowed_paths", action="append", type=Path, metavar="DIR",
                        help="a directory submitted model and data paths may lie under (repeatable; default: the "
                             "directory the daemon starts in)")
-    _runs_parser(sub, fmt)
-    for p in sub.choices.values():
-        p.formatter_class = fmt
+    _runs_parser(sub)
     return parser
 
 
@@ -145,14 +142,13 @@ def _command(args) -> int:
         return 75
 
 
-def _runs_parser(sub, fmt) -> None:
+def _runs_parser(sub) -> None:
     """`grpo-sentinel runs ...`: a daemon's runs from the command line (service/client.py)."""
     from grpo_sentinel.service.client import DEFAULT_URL, URL_ENV
 
     runs = sub.add_parser("runs", help="submit, follow and stop runs on a daemon (grpo-sentinel serve); its token "
                                        "from GRPO_SENTINEL_API_TOKEN")
     cmd = runs.add_subparsers(dest="runs_command", required=True)
-    runs.formatter_class = fmt
     daemon = argparse.ArgumentParser(add_help=False)
     daemon.add_argument("--url", help=f"the daemon's address (default ${URL_ENV}, else {DEFAULT_URL})")
     retry = argparse.ArgumentParser(add_help=False, parents=[daemon])

@@ -78,7 +78,6 @@ def markdown() -> str:
     return "\n".join(out)
 
 
-
 def health_table() -> str:
     """docs/reference/health-table.md: the table itself, one row per condition, as the detectors read it."""
     out = ["# Health table", "",
